@@ -1,0 +1,3 @@
+"""aclarena-slime: agent continual learning on the Slime RL framework."""
+
+__version__ = "0.1.0"

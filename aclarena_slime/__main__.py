@@ -1,0 +1,5 @@
+import sys
+
+from aclarena_slime.cli import main
+
+sys.exit(main())

@@ -1,0 +1,71 @@
+"""Finding environments by tag: entry points in the group ``aclarena_slime.envs``, loaded lazily.
+
+Nothing central lists the plugins. An outside package declares, in its own pyproject::
+
+    [project.entry-points."aclarena_slime.envs"]
+    mytag = "my_pkg.env:MyEnvironment"
+
+A plugin that fails to import fails loudly, naming the plugin; other plugins are unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from aclarena_slime.contract import Environment
+
+ENTRY_POINT_GROUP = "aclarena_slime.envs"
+
+EnvironmentFactory = Callable[[Mapping[str, Any]], Environment]
+
+_registered: dict[str, EnvironmentFactory] = {}
+_instances: dict[tuple[str, str], Environment] = {}
+
+
+class UnknownEnvironment(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PluginLoadError(ImportError):
+    pass
+
+
+def register(tag: str, factory: EnvironmentFactory) -> None:
+    """Register an environment in-process (tests, notebooks); entry points are the normal way."""
+    _registered[tag] = factory
+
+
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_tags() -> list[str]:
+    return sorted(set(_entry_points()) | set(_registered))
+
+
+def load_factory(tag: str) -> EnvironmentFactory:
+    if tag in _registered:
+        return _registered[tag]
+    eps = _entry_points()
+    if tag not in eps:
+        raise UnknownEnvironment(f"no environment registered under tag {tag!r}; known tags: {', '.join(available_tags())}")
+    try:
+        factory = eps[tag].load()
+    except Exception as exc:  # the plugin's own import error, re-raised with its name on it
+        raise PluginLoadError(f"environment plugin {tag!r} ({eps[tag].value}) failed to load: {exc!r}") from exc
+    return factory
+
+
+def get_environment(tag: str, config: Mapping[str, Any] | None = None) -> Environment:
+    """The process-wide environment for ``tag`` and ``config``, built once and then shared."""
+    key = (tag, json.dumps(config or {}, sort_keys=True, default=str))
+    if key not in _instances:
+        env = load_factory(tag)(dict(config or {}))
+        if not isinstance(env, Environment):
+            raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.contract.Environment")
+        _instances[key] = env
+    return _instances[key]
