@@ -138,6 +138,9 @@ class Environment(ABC):
     max_turns: int = 1
     #: Extra stop strings for the engine, e.g. ``"</search>"``: a turn ends where the env must act.
     stop: tuple[str, ...] = ()
+    #: Dotted path ``module.function`` of the env's data preparation, ``main(argv: list[str]) -> int``;
+    #: ``aclarena data prepare TAG ARGS...`` calls it with ``ARGS``.
+    prepare_data: ClassVar[str | None] = None
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.config: dict[str, Any] = dict(config or {})
