@@ -1,0 +1,151 @@
+"""The one generic multi-turn agent loop, token-in/token-out, for every environment.
+
+Plain values in, plain values out: :func:`run_episode` knows nothing of slime. The slime adapter
+(:mod:`aclarena_slime.rollout`) pulls what it needs out of ``args`` and the ``Sample`` and calls it.
+
+Invariants of the returned :class:`Trajectory`: ``len(loss_mask) == len(log_probs) ==
+len(response_ids)``; model tokens carry mask 1 and their engine log-probs exactly; observation tokens
+carry mask 0 and log-prob 0.0.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aclarena_slime.chat_tokens import ChatTokens
+from aclarena_slime.contract import Done, Environment, EpisodeAborted, Observation, Score, Task
+from aclarena_slime.sglang_client import SGLangClient, finish_reason, output_tokens
+
+log = logging.getLogger(__name__)
+
+COMPLETED, TRUNCATED, ABORTED, FAILED = "completed", "truncated", "aborted", "failed"
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    status: str = COMPLETED
+    end_reason: str = ""
+    turns: list[str] = field(default_factory=list)  # the model's turns as text
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the whole conversation
+    tools: list[dict[str, Any]] | None = None
+    score: Score | None = None
+    error: str | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def add(self, ids: list[int], log_probs: list[float] | None, trainable: bool) -> None:
+        self.response_ids += ids
+        self.loss_mask += [1 if trainable else 0] * len(ids)
+        self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
+
+    def record(self) -> dict[str, Any]:
+        """What the sample's metadata keeps: enough to re-score, inspect, or turn into SFT data."""
+        out: dict[str, Any] = {"turns": self.turns, "messages": self.messages, "end": self.end_reason}
+        if self.tools:
+            out["tools"] = self.tools
+        if self.score is not None:
+            out["score"] = {"reward": self.score.reward, "breakdown": self.score.breakdown}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    max_response_tokens: int
+    lora_path: str | None = None
+    max_turns: int | None = None  # overrides the env's own limit when set
+
+
+async def run_episode(
+    env: Environment,
+    task: Task,
+    client: SGLangClient,
+    chat: ChatTokens,
+    sampling_params: dict[str, Any],
+    settings: LoopSettings,
+) -> Trajectory:
+    """Roll out one episode and score it (unless the engine or an env service aborted it)."""
+    traj = Trajectory()
+    try:
+        episode = await env.start(task)
+    except EpisodeAborted as exc:
+        return _ended(traj, ABORTED, "env_aborted", str(exc))
+    except Exception as exc:  # noqa: BLE001 - an env bug fails this sample, not the rollout
+        log.exception("env %s failed to start an episode", type(env).__name__)
+        return _ended(traj, FAILED, "env_error", f"{type(exc).__name__}: {exc}")
+    try:
+        return await _drive(env, episode, traj, client, chat, sampling_params, settings)
+    finally:
+        await episode.close()
+
+
+async def _drive(env, episode, traj, client, chat, sampling_params, settings) -> Trajectory:
+    traj.messages = list(episode.conversation.messages)
+    traj.tools = episode.conversation.tools
+    traj.prompt_ids = chat.prompt_ids(traj.messages, traj.tools)
+    params = dict(sampling_params)
+    if env.stop:
+        params["stop"] = list(dict.fromkeys(list(params.get("stop") or []) + list(env.stop)))
+    max_turns = settings.max_turns or env.max_turns
+    for turn in range(max_turns):
+        budget = settings.max_response_tokens - len(traj.response_ids)
+        if budget <= 0:
+            return await _finish(episode, traj, TRUNCATED, "response_budget")
+        params["max_new_tokens"] = budget
+        response = await client.generate(traj.tokens, params, lora_path=settings.lora_path)
+        ids, log_probs = output_tokens(response)
+        traj.add(ids, log_probs, trainable=True)
+        reason = finish_reason(response)
+        if reason == "abort":
+            return _ended(traj, ABORTED, "engine_abort", None)
+        text = chat.turn_text(ids)
+        traj.turns.append(text)
+        traj.messages.append({"role": "assistant", "content": text})
+        if reason == "length":
+            return await _finish(episode, traj, TRUNCATED, "response_budget")
+        try:
+            result = await episode.step(text)
+        except EpisodeAborted as exc:
+            return _ended(traj, ABORTED, "env_aborted", str(exc))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("env %s failed on a step", type(env).__name__)
+            return _ended(traj, FAILED, "env_error", f"{type(exc).__name__}: {exc}")
+        if isinstance(result, Done):
+            return await _finish(episode, traj, COMPLETED, result.reason)
+        if not isinstance(result, Observation):
+            return _ended(traj, FAILED, "env_error", f"step returned {type(result).__name__}, not Observation or Done")
+        if turn + 1 == max_turns:
+            break
+        obs_ids = chat.observation_ids(result.messages, ids[-1] if ids else None)
+        room = settings.max_response_tokens - len(traj.response_ids)
+        traj.messages += result.messages
+        traj.add(obs_ids[:room], None, trainable=False)
+        if len(obs_ids) >= room:
+            return await _finish(episode, traj, TRUNCATED, "response_budget")
+    return await _finish(episode, traj, TRUNCATED, "turn_limit")
+
+
+async def _finish(episode, traj: Trajectory, status: str, reason: str) -> Trajectory:
+    try:
+        traj.score = await episode.score()
+    except EpisodeAborted as exc:
+        return _ended(traj, ABORTED, "env_aborted", str(exc))
+    except Exception as exc:  # noqa: BLE001
+        log.exception("env failed to score an episode")
+        return _ended(traj, FAILED, "score_error", f"{type(exc).__name__}: {exc}")
+    traj.status, traj.end_reason = status, reason
+    return traj
+
+
+def _ended(traj: Trajectory, status: str, reason: str, error: str | None) -> Trajectory:
+    traj.status, traj.end_reason, traj.error = status, reason, error
+    return traj

@@ -1,0 +1,35 @@
+"""``aclarena data prepare ENV ARGS...``: each environment's own data preparation, by tag."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from aclarena_slime.cli import CommandError
+from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, load_factory
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("data", help="prepare datasets as slime JSONL", description=__doc__)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    prepare = actions.add_parser(
+        "prepare",
+        help="convert an env's source data into slime JSONL",
+        description="Run ENV's data preparation; `aclarena data prepare ENV --help` lists its options.",
+        add_help=False,
+    )
+    prepare.add_argument("env", metavar="ENV")
+    prepare.add_argument("rest", nargs=argparse.REMAINDER)
+    prepare.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        factory = load_factory(args.env)
+    except (UnknownEnvironment, PluginLoadError) as exc:
+        raise CommandError(str(exc)) from exc
+    target = getattr(factory, "prepare_data", None)
+    if not target:
+        raise CommandError(f"environment {args.env!r} has no data preparation")
+    module, _, name = target.rpartition(".")
+    return int(getattr(importlib.import_module(module), name)(list(args.rest)) or 0)

@@ -1,0 +1,135 @@
+"""The expert manifest (``experts.json``): which LoRA expert serves which environment tag.
+
+Written by the curriculum, read by the rollout (``lora_path`` per request), the router and the
+evaluation. Paths are relative to the manifest's folder unless absolute, and must stay inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_VERSION = 1
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+class ExpertError(ValueError):
+    pass
+
+
+class UnknownExpert(ExpertError, KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Expert:
+    tag: str
+    adapter: str  # the name SGLang knows the adapter by (``lora_path`` in requests)
+    path: Path | None = None
+    stage: str | None = None
+
+
+@dataclass(frozen=True)
+class ExpertTable:
+    experts: Mapping[str, Expert]
+    base_name: str | None = None
+    base_path: Path | None = None
+    default: str | None = None  # tag used for a request without one, or for an unknown tag
+    root: Path | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def lookup(self, tag: str | None) -> Expert:
+        """The expert for ``tag``; the default expert when configured; else an error naming the known tags."""
+        if tag in self.experts:
+            return self.experts[tag]
+        if self.default is not None:
+            return self.experts[self.default]
+        known = ", ".join(sorted(self.experts)) or "(none)"
+        what = f"environment tag {tag!r}" if tag is not None else "a request without an environment tag"
+        raise UnknownExpert(f"no LoRA expert for {what}; known tags: {known}")
+
+    def adapter_for(self, tag: str | None) -> str:
+        return self.lookup(tag).adapter
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], root: str | Path | None = None) -> ExpertTable:
+        """Build from a manifest dict, or from the short form ``{tag: adapter_name}`` a recipe may give."""
+        root_path = Path(root).resolve() if root is not None else None
+        if "experts" not in data:
+            data = {"version": MANIFEST_VERSION, "experts": {t: {"adapter": a} for t, a in data.items()}}
+        if data.get("version", MANIFEST_VERSION) != MANIFEST_VERSION:
+            raise ExpertError(f"unsupported expert manifest version {data.get('version')!r}")
+        experts: dict[str, Expert] = {}
+        for tag, entry in (data.get("experts") or {}).items():
+            if isinstance(entry, str):
+                entry = {"adapter": entry}
+            adapter = str(entry.get("adapter", tag))
+            validate_adapter_name(adapter)
+            path = resolve_inside(root_path, entry["path"]) if entry.get("path") and root_path else None
+            experts[tag] = Expert(tag=tag, adapter=adapter, path=path, stage=entry.get("stage"))
+        base = data.get("base") or {}
+        default = data.get("default")
+        if default is not None and default not in experts:
+            raise ExpertError(f"default expert {default!r} is not one of the experts: {', '.join(sorted(experts))}")
+        base_path = base.get("path")
+        return cls(
+            experts=experts,
+            base_name=base.get("name"),
+            base_path=(root_path / base_path if root_path and base_path and not os.path.isabs(base_path) else
+                       Path(base_path) if base_path else None),
+            default=default,
+            root=root_path,
+            extra={k: v for k, v in data.items() if k not in {"version", "experts", "base", "default"}},
+        )
+
+    @classmethod
+    def load(cls, manifest: str | Path) -> ExpertTable:
+        manifest = Path(manifest)
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ExpertError(f"cannot read expert manifest {manifest}: {exc}") from exc
+        return cls.from_mapping(data, root=manifest.parent)
+
+    def to_mapping(self) -> dict[str, Any]:
+        def rel(p: Path | None) -> str | None:
+            if p is None:
+                return None
+            return os.path.relpath(p, self.root) if self.root else str(p)
+
+        experts = {}
+        for tag, e in self.experts.items():
+            entry: dict[str, Any] = {"adapter": e.adapter}
+            if e.path is not None:
+                entry["path"] = rel(e.path)
+            if e.stage is not None:
+                entry["stage"] = e.stage
+            experts[tag] = entry
+        return {
+            "version": MANIFEST_VERSION,
+            "base": {"name": self.base_name, "path": rel(self.base_path)},
+            "experts": experts,
+            "default": self.default,
+            **dict(self.extra),
+        }
+
+
+def validate_adapter_name(name: str) -> str:
+    if not _ADAPTER_NAME.match(name) or ".." in name:
+        raise ExpertError(f"invalid adapter name {name!r}: letters, digits, '_', '-', '.' only")
+    return name
+
+
+def resolve_inside(root: Path, relative: str | os.PathLike[str]) -> Path:
+    """``root / relative`` resolved, refusing anything that escapes ``root`` (``../../etc/passwd``)."""
+    candidate = Path(relative)
+    full = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    if full != root and root not in full.parents:
+        raise ExpertError(f"adapter path {str(relative)!r} is outside the experts' directory {root}")
+    return full

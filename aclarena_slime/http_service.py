@@ -1,0 +1,39 @@
+"""Running our aiohttp services (fake and local engines, retriever, router) the same way everywhere.
+
+Loopback by default: a service is reachable from elsewhere only when the user names another host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, host: str = LOOPBACK, port: int = 0) -> AsyncIterator[str]:
+    """Serve ``app`` on the running loop for the duration of the block; yields its base URL.
+
+    ``port=0`` picks a free port, bound before the URL is handed out (no race with other tests).
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    bound_port = sock.getsockname()[1]
+    try:
+        yield f"http://{host if ':' not in host else f'[{host}]'}:{bound_port}"
+    finally:
+        await runner.cleanup()
+
+
+def run_forever(app: web.Application, host: str = LOOPBACK, port: int = 8000) -> None:
+    """Blocking entry point for the CLI's ``serve-*`` commands (Ctrl-C stops it)."""
+    web.run_app(app, host=host, port=port, access_log=None, print=None)

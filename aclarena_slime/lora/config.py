@@ -1,0 +1,103 @@
+"""LoRA settings for the Megatron actor: one frozen dataclass, read once from slime's ``args``.
+
+A recipe reaches the actor through ``--custom-config-path FILE.yaml``, which sets attributes on
+``args``: either one dict ``aclarena_lora: {rank: 16, alpha: 32, ...}`` or flat attributes
+``aclarena_lora_rank``, ``aclarena_lora_alpha``, ... (the flat ones win when both are given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+# Megatron module name -> the Hugging Face projections it becomes (fused layers split on export).
+HF_TARGETS: dict[str, tuple[str, ...]] = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
+}
+# Regex for slime's --only-train-params-name-list: matches adapter weights and nothing else.
+ADAPTER_PARAM_PATTERN = r"\.lora_[AB]\.weight$"
+SYNC_MODES = ("tensors", "disk")
+PAYLOAD_SCHEMAS = ("auto", "serialized_tensors", "serialized_named_tensors")
+
+
+class LoraConfigError(ValueError):
+    """A LoRA setting that cannot work; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """What the adapters look like and how they reach SGLang.
+
+    Defaults are the paper's MLE setting (rank 16, alpha 32 on the four GPT linears; from the
+    authors' released scripts, WillDreamer/ACLArena).
+    """
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+    # Seeds the A matrices; the same seed gives the same adapter under any TP size.
+    init_seed: int = 1234
+    # Name the adapter is served under by SGLang (the expert's env tag, e.g. "math").
+    adapter_name: str = "expert"
+    # "tensors": /load_lora_adapter_from_tensors; "disk": PEFT directory on a shared filesystem.
+    sync_mode: str = "tensors"
+    sync_dir: str | None = None
+    sglang_payload: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise LoraConfigError(f"lora rank must be a positive integer, got {self.rank!r}")
+        if self.alpha <= 0:
+            raise LoraConfigError(f"lora alpha must be positive, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise LoraConfigError(f"lora dropout must be in [0, 1), got {self.dropout!r}")
+        unknown = sorted(set(self.target_modules) - set(HF_TARGETS))
+        if unknown or not self.target_modules:
+            raise LoraConfigError(
+                f"lora target_modules must be a non-empty subset of {sorted(HF_TARGETS)}, got unknown {unknown}"
+            )
+        if self.sync_mode not in SYNC_MODES:
+            raise LoraConfigError(f"lora sync_mode must be one of {SYNC_MODES}, got {self.sync_mode!r}")
+        if self.sync_mode == "disk" and not self.sync_dir:
+            raise LoraConfigError("lora sync_mode 'disk' needs sync_dir (a folder every SGLang server can read)")
+        if self.sglang_payload not in PAYLOAD_SCHEMAS:
+            raise LoraConfigError(f"lora sglang_payload must be one of {PAYLOAD_SCHEMAS}, got {self.sglang_payload!r}")
+
+    @property
+    def scaling(self) -> float:
+        """The factor on B·A, as PEFT computes it (alpha / rank, not rsLoRA)."""
+        return self.alpha / self.rank
+
+    def hf_target_modules(self) -> list[str]:
+        """The PEFT / SGLang module names these targets become."""
+        return [hf for name in self.target_modules for hf in HF_TARGETS[name]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> LoraConfig:
+        """Build from a plain dict; unknown keys are an error, so a typo never goes unnoticed."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise LoraConfigError(f"unknown lora settings {unknown}; known: {sorted(known)}")
+        values = dict(values)
+        if "target_modules" in values:
+            targets = values["target_modules"]
+            values["target_modules"] = tuple(targets.split(",") if isinstance(targets, str) else targets)
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, args: Any) -> LoraConfig:
+        """Read ``args.aclarena_lora`` (dict) and ``args.aclarena_lora_<field>`` attributes."""
+        values: dict[str, Any] = dict(getattr(args, "aclarena_lora", None) or {})
+        for f in fields(cls):
+            flat = getattr(args, f"aclarena_lora_{f.name}", None)
+            if flat is not None:
+                values[f.name] = flat
+        return cls.from_mapping(values)

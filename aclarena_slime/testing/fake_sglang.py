@@ -1,0 +1,138 @@
+"""A fake SGLang engine for tests: the real ``/generate`` protocol with scripted replies.
+
+Token ids in, token ids and log-probs out, finish reasons as SGLang reports them. The replies are
+tokenized with the test's tokenizer; stop strings and ``max_new_tokens`` are honoured the way a real
+engine does (a stop string ends the output after it, with no end-of-turn token; the budget cuts the
+output and reports ``length``). Requests are recorded for assertions (``lora_path`` included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from aclarena_slime.http_service import serving
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    finish: str | None = None  # force "abort"; otherwise stop/length are computed
+    end_of_turn: bool = True  # append the tokenizer's EOS when the text ends naturally
+
+
+ReplySource = Sequence[str | Reply] | Callable[[dict[str, Any]], str | Reply]
+
+
+def fake_logprob(position: int, token_id: int) -> float:
+    """Deterministic, distinct log-probs so tests can check they are kept exactly."""
+    return -round(0.001 * (token_id % 997) + 0.0001 * position, 6)
+
+
+class FakeSGLang:
+    """``async with FakeSGLang(tokenizer, ["reply 1", "reply 2"]) as engine: engine.port ...``"""
+
+    def __init__(self, tokenizer: Any, replies: ReplySource) -> None:
+        self.tokenizer = tokenizer
+        self._replies = replies if callable(replies) else itertools.cycle(list(replies))
+        self.requests: list[dict[str, Any]] = []
+        self.adapters: dict[str, str] = {}
+        self.url = ""
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    @property
+    def host(self) -> str:
+        return self.url.split("//")[1].rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/load_lora_adapter", self._load)
+        app.router.add_post("/unload_lora_adapter", self._unload)
+        return app
+
+    async def __aenter__(self) -> FakeSGLang:
+        self._stack = contextlib.AsyncExitStack()
+        self.url = await self._stack.enter_async_context(serving(self.app()))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._stack is not None
+        await self._stack.aclose()
+
+    def _next_reply(self, payload: dict[str, Any]) -> Reply:
+        reply = self._replies(payload) if callable(self._replies) else next(self._replies)
+        return reply if isinstance(reply, Reply) else Reply(str(reply))
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        if not isinstance(payload.get("input_ids"), list):
+            return web.json_response({"error": {"message": "input_ids must be a list of token ids"}}, status=400)
+        lora = payload.get("lora_path")
+        if lora is not None and self.adapters and lora not in self.adapters:
+            return web.json_response({"error": {"message": f"adapter {lora} is not loaded"}}, status=400)
+        self.requests.append(payload)
+        return web.json_response(self.complete(payload))
+
+    def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
+        params = payload.get("sampling_params") or {}
+        reply = self._next_reply(payload)
+        text, matched = reply.text, None
+        for stop in params.get("stop") or []:
+            at = text.find(stop)
+            if at >= 0 and (matched is None or at < text.find(matched)):
+                matched = stop
+        if matched is not None:
+            text = text[: text.find(matched) + len(matched)]
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if matched is None and reply.end_of_turn:
+            ids.append(self.tokenizer.eos_token_id)
+        finish: dict[str, Any] = {"type": "stop", "matched": matched or self.tokenizer.eos_token_id}
+        budget = params.get("max_new_tokens")
+        if budget is not None and len(ids) > budget:
+            ids = ids[:budget]
+            finish = {"type": "length", "length": budget}
+        if reply.finish == "abort":
+            finish = {"type": "abort", "message": "aborted by the fake engine"}
+        out_text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if matched and not params.get("no_stop_trim") and out_text.endswith(matched):
+            out_text = out_text[: -len(matched)]
+        return {
+            "text": out_text,
+            "meta_info": {
+                "id": f"fake-{len(self.requests)}",
+                "finish_reason": finish,
+                "prompt_tokens": len(payload["input_ids"]),
+                "completion_tokens": len(ids),
+                "output_token_logprobs": [[fake_logprob(i, t), t, None] for i, t in enumerate(ids)],
+            },
+        }
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def _load(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.adapters[body["lora_name"]] = body["lora_path"]
+        return web.json_response({"success": True, "loaded_adapters": dict(self.adapters)})
+
+    async def _unload(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.adapters.pop(body["lora_name"], None) is None:
+            return web.json_response({"error": {"message": f"adapter {body['lora_name']} not loaded"}}, status=400)
+        return web.json_response({"success": True, "loaded_adapters": dict(self.adapters)})

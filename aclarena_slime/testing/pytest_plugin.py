@@ -1,0 +1,46 @@
+"""Pytest fixtures for plugin authors and our own suite: a tiny checkpoint and a fake engine.
+
+Enable with ``pytest_plugins = ["aclarena_slime.testing.pytest_plugin"]`` in a ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with the tiny tokenizer (what ``args.hf_checkpoint`` points at)."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_checkpoint: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slime`` tests run only where slime imports; ``gpu`` tests only where CUDA is present."""
+    try:
+        import slime.utils.types  # noqa: F401
+
+        has_slime = True
+    except Exception:  # noqa: BLE001 - any import failure means "no usable slime here"
+        has_slime = False
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    for item in items:
+        if item.get_closest_marker("slime") and not has_slime:
+            item.add_marker(pytest.mark.skip(reason="slime is not importable here (install it from its repository)"))
+        if item.get_closest_marker("gpu") and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="no CUDA GPU here"))

@@ -1,0 +1,1 @@
+pytest_plugins = ["aclarena_slime.testing.pytest_plugin"]

@@ -1,0 +1,88 @@
+"""Math data into slime JSONL records (``prompt``, ``label``, ``metadata.env = "math"``).
+
+Sources: DAPO-Math-17k (parquet or JSONL, its chat-style prompt and ``reward_model.ground_truth``),
+and AIME-style JSONL (``problem``, ``answer``; AIME 2026 is supplied by the user). Prompts are stored
+bare; the env adds its answer-format instruction, so the same records serve every template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+# DAPO-Math-17k wraps each problem in an "Answer: $Answer" instruction; we keep only the problem.
+_DAPO_HEAD = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.S)
+_DAPO_TAIL = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(path).to_pylist()
+        return
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
+
+
+def problem_text(record: dict[str, Any]) -> str:
+    prompt = record.get("problem") or record.get("question") or record.get("prompt")
+    if isinstance(prompt, list):  # chat-style: the user turn holds the problem
+        prompt = next((m.get("content") for m in prompt if m.get("role") == "user"), None)
+    if not prompt:
+        raise ValueError(f"record has no problem text: keys {sorted(record)}")
+    return _DAPO_TAIL.sub("", _DAPO_HEAD.sub("", str(prompt))).strip()
+
+
+def answer_text(record: dict[str, Any]) -> str:
+    for key in ("answer", "label", "ground_truth"):
+        if record.get(key) not in (None, ""):
+            return str(record[key]).strip()
+    reward_model = record.get("reward_model") or {}
+    if reward_model.get("ground_truth") not in (None, ""):
+        return str(reward_model["ground_truth"]).strip()
+    raise ValueError(f"record has no answer: keys {sorted(record)}")
+
+
+def to_slime(records: Iterable[dict[str, Any]], source: str, split: str | None = None) -> Iterator[dict[str, Any]]:
+    for i, record in enumerate(records):
+        metadata: dict[str, Any] = {"env": "math", "source": record.get("data_source") or source, "index": i}
+        if split:
+            metadata["split"] = split
+        yield {"prompt": problem_text(record), "label": answer_text(record), "metadata": metadata}
+
+
+def write_jsonl(records: Iterable[dict[str, Any]], output: Path) -> int:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(output.suffix + ".tmp")
+    n = 0
+    with tmp.open("w") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            n += 1
+    tmp.replace(output)
+    return n
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="aclarena data prepare math",
+        description="Convert DAPO-Math-17k or AIME-style data into slime JSONL for the math env.",
+    )
+    parser.add_argument("--input", type=Path, required=True, help="JSONL or parquet file")
+    parser.add_argument("--output", type=Path, required=True, help="slime JSONL to write")
+    parser.add_argument("--source", default=None, help="source name for metadata (default: the file's stem)")
+    parser.add_argument("--split", default=None, help="split name for metadata, e.g. train or aime26")
+    args = parser.parse_args(argv)
+    n = write_jsonl(to_slime(read_records(args.input), args.source or args.input.stem, args.split), args.output)
+    print(json.dumps({"written": n, "output": str(args.output)}))
+    return 0

@@ -1,0 +1,72 @@
+"""The math environment (stage 1): one turn, reward 1 for a correct final answer, else 0.
+
+Reward range: {0.0, 1.0}. The final answer is the last ``\\boxed{}`` after the thinking block; AIME
+integers compare as numbers (``073`` is 73); anything else is checked by ``math-verify`` in a worker
+pool with a hard per-answer timeout (a timed-out check scores 0 and says so in the breakdown).
+
+Config (recipe ``aclarena_env_config.math``): ``instruction`` (appended to a bare problem; null to
+leave the prompt alone), ``timeout_s`` (per answer, default 5), ``workers`` (verifier processes, 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from aclarena_envs.math.answer import final_answer
+from aclarena_envs.math.verifier import VerifierPool, verify_answer
+from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
+
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def gold_answer(label: Any) -> str:
+    """The gold answer from a record's label: a bare string/number or ``{"answer": ...}``."""
+    if isinstance(label, Mapping):
+        label = label.get("answer", label.get("ground_truth"))
+    if label is None or label == "":
+        raise ValueError("math record has no gold answer in its label")
+    return str(label).strip()
+
+
+class MathEpisode(Episode):
+    def __init__(self, task: Task, conversation: Conversation, pool: VerifierPool) -> None:
+        self.task, self.conversation, self.pool = task, conversation, pool
+        self.response = ""
+
+    async def step(self, text: str) -> Done:
+        self.response = text
+        return Done("answered")
+
+    async def score(self) -> Score:
+        gold = gold_answer(self.task.label)
+        answer = final_answer(self.response)
+        if answer is None:
+            return Score(0.0, {"gold": gold, "answer": None, "method": "no_answer"})
+        verdict = await verify_answer(gold, answer, self.pool)
+        breakdown = {"gold": gold, "answer": answer, "method": verdict.method}
+        if verdict.detail:
+            breakdown["detail"] = verdict.detail
+        return Score(1.0 if verdict.correct else 0.0, breakdown)
+
+
+class MathEnvironment(Environment):
+    tag: ClassVar[str] = "math"
+    prepare_data: ClassVar[str] = "aclarena_envs.math.data.main"
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self.instruction: str | None = self.config.get("instruction", DEFAULT_INSTRUCTION)
+        self.pool = VerifierPool(workers=int(self.config.get("workers", 2)), timeout_s=float(self.config.get("timeout_s", 5.0)))
+
+    def conversation(self, task: Task) -> Conversation:
+        if isinstance(task.prompt, list):
+            return Conversation([dict(m) for m in task.prompt])
+        content = task.prompt if not self.instruction else f"{task.prompt}\n\n{self.instruction}".lstrip()
+        return Conversation([{"role": "user", "content": content}])
+
+    async def start(self, task: Task) -> MathEpisode:
+        return MathEpisode(task, self.conversation(task), self.pool)
+
+    async def aclose(self) -> None:
+        self.pool.close()

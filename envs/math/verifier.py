@@ -1,0 +1,130 @@
+"""Checking a math answer against the gold one without ever hanging the caller.
+
+Integers (every AIME answer) are compared directly. Anything else goes to ``math-verify`` in a
+worker process: its own timeouts rely on ``signal.alarm``, which only works in a main thread, and
+some expressions (``9^{9^{9^{9}}}``) stall inside sympy where no signal reaches. So each check has a
+hard deadline; a worker that misses it is killed and replaced, and the answer counts as wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from aclarena_envs.math.answer import as_integer
+
+
+@dataclass(frozen=True)
+class Verdict:
+    correct: bool
+    method: str  # "integer" | "math_verify" | "timeout" | "error"
+    detail: str = ""
+
+
+def _worker_main(conn: Connection, soft_timeout_s: int) -> None:
+    from math_verify import parse, verify
+
+    conn.send("ready")
+    while True:
+        try:
+            gold, pred = conn.recv()
+        except EOFError:
+            return
+        try:
+            gold_parsed = parse(f"${gold}$", parsing_timeout=soft_timeout_s)
+            pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=soft_timeout_s)
+            ok = bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=soft_timeout_s))
+            conn.send((ok, ""))
+        except Exception as exc:  # noqa: BLE001 - any parser failure is a wrong answer, reported
+            conn.send((False, f"{type(exc).__name__}: {exc}"))
+
+
+class _Worker:
+    def __init__(self, soft_timeout_s: int) -> None:
+        ctx = mp.get_context("spawn")  # the caller has threads (event loop, HTTP): never fork it
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, soft_timeout_s), daemon=True)
+        self.process.start()
+        child.close()
+        self.ready = False
+
+    def wait_ready(self, startup_timeout_s: float) -> bool:
+        """Importing sympy takes a second or more: that is not the check's time."""
+        if not self.ready and self.conn.poll(startup_timeout_s):
+            self.ready = self.conn.recv() == "ready"
+        return self.ready
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class VerifierPool:
+    """``workers`` long-lived verifier processes, each check bounded by ``timeout_s`` wall time.
+
+    The first check waits for the workers to import sympy (about a second); the pool restarts a
+    worker after a timeout, which costs the same once.
+    """
+
+    def __init__(self, workers: int = 2, timeout_s: float = 5.0) -> None:
+        if workers < 1:
+            raise ValueError("a verifier pool needs at least one worker")
+        self.timeout_s = timeout_s
+        self._soft_timeout = max(1, int(timeout_s) - 1)
+        self._size = workers
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.Lock()
+        self._started = False
+        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="math-verify")
+
+    def _start(self) -> None:
+        with self._lock:
+            if not self._started:
+                for _ in range(self._size):
+                    self._idle.put(_Worker(self._soft_timeout))
+                self._started = True
+
+    def check_blocking(self, gold: str, pred: str, startup_timeout_s: float = 120.0) -> Verdict:
+        self._start()
+        worker = self._idle.get()
+        try:
+            if not worker.wait_ready(startup_timeout_s):
+                raise OSError(f"verifier process did not start within {startup_timeout_s:g}s")
+            worker.conn.send((gold, pred))
+            if not worker.conn.poll(self.timeout_s):
+                worker.kill()
+                worker = _Worker(self._soft_timeout)
+                return Verdict(False, "timeout", f"no verdict within {self.timeout_s:g}s")
+            ok, error = worker.conn.recv()
+            return Verdict(ok, "error" if error else "math_verify", error)
+        except (EOFError, OSError, BrokenPipeError) as exc:
+            worker.kill()
+            worker = _Worker(self._soft_timeout)
+            return Verdict(False, "error", f"verifier process died: {exc!r}")
+        finally:
+            self._idle.put(worker)
+
+    async def check(self, gold: str, pred: str) -> Verdict:
+        """Never blocks the event loop: the wait happens on one of the pool's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self.check_blocking, gold, pred)
+
+    def close(self) -> None:
+        with self._lock:
+            while not self._idle.empty():
+                self._idle.get_nowait().kill()
+            self._started = False
+        self._threads.shutdown(wait=False)
+
+
+async def verify_answer(gold: str, pred: str, pool: VerifierPool) -> Verdict:
+    """Integer fast path first (AIME), then ``math-verify`` in the pool."""
+    gold_int, pred_int = as_integer(gold), as_integer(pred)
+    if gold_int is not None and pred_int is not None:
+        return Verdict(gold_int == pred_int, "integer")
+    return await pool.check(gold, pred)
