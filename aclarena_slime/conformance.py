@@ -114,4 +114,6 @@ async def check_environment(env: Environment, tasks: Sequence[Task], turns: Sequ
             finally:
                 await episode.close()
     if problems:
-        raise ConformanceError(f"{type(env).__name__} breaks the env contract:\n- " + "\n- ".join(dict.fromkeys(problems)))
+        raise ConformanceError(
+            f"{type(env).__name__} breaks the env contract:\n- " + "\n- ".join(dict.fromkeys(problems))
+        )

@@ -149,5 +149,12 @@ class Environment(ABC):
     async def start(self, task: Task) -> Episode:
         """Begin an episode for one dataset record."""
 
+    def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` generated slime JSONL records (``prompt``, ``label``, ``metadata.env``) for smoke runs.
+
+        The local backend and the docs use these when no dataset is named; data needs no download.
+        """
+        raise NotImplementedError(f"environment {self.tag!r} generates no demo records; name a dataset instead")
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release shared resources (worker pools, files)."""

@@ -81,8 +81,13 @@ class ExpertTable:
         return cls(
             experts=experts,
             base_name=base.get("name"),
-            base_path=(root_path / base_path if root_path and base_path and not os.path.isabs(base_path) else
-                       Path(base_path) if base_path else None),
+            base_path=(
+                root_path / base_path
+                if root_path and base_path and not os.path.isabs(base_path)
+                else Path(base_path)
+                if base_path
+                else None
+            ),
             default=default,
             root=root_path,
             extra={k: v for k, v in data.items() if k not in {"version", "experts", "base", "default"}},

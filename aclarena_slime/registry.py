@@ -52,7 +52,9 @@ def load_factory(tag: str) -> EnvironmentFactory:
         return _registered[tag]
     eps = _entry_points()
     if tag not in eps:
-        raise UnknownEnvironment(f"no environment registered under tag {tag!r}; known tags: {', '.join(available_tags())}")
+        raise UnknownEnvironment(
+            f"no environment registered under tag {tag!r}; known tags: {', '.join(available_tags())}"
+        )
     try:
         factory = eps[tag].load()
     except Exception as exc:  # the plugin's own import error, re-raised with its name on it

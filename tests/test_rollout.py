@@ -200,5 +200,7 @@ async def test_reward_replays_a_sample_from_elsewhere(tiny_checkpoint):
 async def test_caller_sampling_params_are_not_mutated(tiny_checkpoint, tiny_tokenizer):
     params = _params()
     async with FakeSGLang(tiny_tokenizer, ["\\boxed{1}"]) as engine:
-        await generate(_args(tiny_checkpoint, engine), FakeSample(prompt="p", label="1", metadata={"env": "math"}), params)
+        await generate(
+            _args(tiny_checkpoint, engine), FakeSample(prompt="p", label="1", metadata={"env": "math"}), params
+        )
     assert params == _params()

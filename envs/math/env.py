@@ -10,6 +10,7 @@ leave the prompt alone), ``timeout_s`` (per answer, default 5), ``workers`` (ver
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -57,7 +58,9 @@ class MathEnvironment(Environment):
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
         self.instruction: str | None = self.config.get("instruction", DEFAULT_INSTRUCTION)
-        self.pool = VerifierPool(workers=int(self.config.get("workers", 2)), timeout_s=float(self.config.get("timeout_s", 5.0)))
+        self.pool = VerifierPool(
+            workers=int(self.config.get("workers", 2)), timeout_s=float(self.config.get("timeout_s", 5.0))
+        )
 
     def conversation(self, task: Task) -> Conversation:
         if isinstance(task.prompt, list):
@@ -67,6 +70,23 @@ class MathEnvironment(Environment):
 
     async def start(self, task: Task) -> MathEpisode:
         return MathEpisode(task, self.conversation(task), self.pool)
+
+    def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """Two-operand arithmetic with integer answers: learnable by a tiny model, scored like AIME."""
+        rng = random.Random(seed)
+        records = []
+        for i in range(n):
+            a, b = rng.randint(0, 20), rng.randint(0, 20)
+            op = rng.choice("+-*")
+            answer = a + b if op == "+" else a - b if op == "-" else a * b
+            records.append(
+                {
+                    "prompt": f"What is {a} {op} {b}?",
+                    "label": str(answer),
+                    "metadata": {"env": "math", "source": "demo-arithmetic", "index": i},
+                }
+            )
+        return records
 
     async def aclose(self) -> None:
         self.pool.close()

@@ -7,6 +7,7 @@ limit, minus 0.1 per extra guess (floor 0.1); 0.0 if never guessed. Config: ``ma
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -19,7 +20,9 @@ _GUESS = re.compile(r"<guess>(.*?)</guess>", re.S)
 class MockEpisode(Episode):
     def __init__(self, secret: str, prompt: str) -> None:
         self.secret, self.guesses, self.solved = secret, [], False
-        self.conversation = Conversation([{"role": "user", "content": prompt or "Guess the secret word. Answer as <guess>word</guess>."}])
+        self.conversation = Conversation(
+            [{"role": "user", "content": prompt or "Guess the secret word. Answer as <guess>word</guess>."}]
+        )
 
     async def step(self, text: str) -> Observation | Done:
         found = _GUESS.findall(text)
@@ -44,6 +47,11 @@ class MockEnvironment(Environment):
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
         self.max_turns = int(self.config.get("max_turns", 3))
+
+    def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        rng = random.Random(seed)
+        words = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "grape"]
+        return [{"prompt": "", "label": rng.choice(words), "metadata": {"env": "mock", "index": i}} for i in range(n)]
 
     async def start(self, task: Task) -> MockEpisode:
         secret = str(task.label_value if task.label is not None else "")
