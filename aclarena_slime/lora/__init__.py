@@ -1,0 +1,18 @@
+"""Frozen-backbone LoRA for slime's Megatron actor: adapters, PEFT export, adapter-only sync to SGLang.
+
+Slime hooks (dotted paths for slime's command line) live in :mod:`aclarena_slime.lora.provider`.
+"""
+
+from .config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
+from .export import export_peft
+from .layers import adapters_disabled, inject_lora, set_adapters_enabled
+
+__all__ = [
+    "ADAPTER_PARAM_PATTERN",
+    "LoraConfig",
+    "LoraConfigError",
+    "adapters_disabled",
+    "export_peft",
+    "inject_lora",
+    "set_adapters_enabled",
+]
