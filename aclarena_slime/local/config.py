@@ -1,0 +1,153 @@
+"""The settings of one local stage: one typed dataclass, validated on construction.
+
+The recipe compiler maps a recipe's ``local`` cluster profile onto :class:`LocalStageConfig`; the
+stage runner (:func:`aclarena_slime.local.stage.run_stage`) is its only reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from aclarena_slime.lora.config import HF_TARGETS
+
+TINY_MODEL = "tiny"
+# Hugging Face projection names PEFT targets on Qwen/Llama-style models.
+HF_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LocalConfigError(ValueError):
+    """A local-stage setting that cannot work; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class LocalStageConfig:
+    """One RL stage on the local backend: env, data, model, GRPO/PPO step, LoRA, outputs.
+
+    ``model`` is ``"tiny"`` (a Qwen3-shaped model built in-process, no download) or a Hugging Face
+    model directory. ``data_path=None`` uses the env's generated ``demo_records``; the evaluation
+    set is ``eval_data_path`` or, when absent, ``eval_size`` further demo records (other seed).
+    ``base_adapter`` starts the expert from an existing PEFT directory; ``backbone`` replaces the
+    base model (a merged/SDFT checkpoint) and wins over ``model`` — both for chaining stages.
+    """
+
+    env: str
+    output_dir: str
+    env_config: Mapping[str, Any] = field(default_factory=dict)
+    data_path: str | None = None
+    eval_data_path: str | None = None
+    eval_size: int = 16
+    model: str = TINY_MODEL
+    backbone: str | None = None
+    base_adapter: str | None = None
+    adapter_name: str | None = None  # served name of the expert; defaults to the env tag
+    seed: int = 0
+    steps: int = 4
+    prompts_per_step: int = 4
+    samples_per_prompt: int = 4
+    lr: float = 1e-3
+    max_response_len: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = HF_LINEARS
+    updates_per_step: int = 1  # optimiser passes over each step's rollouts (PPO epochs)
+    eval_temperature: float = 0.0  # 0: greedy evaluation
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    engine_host: str = "127.0.0.1"
+    engine_port: int = 0  # 0: a free port chosen by the OS
+    max_concurrency: int = 8  # rollouts in flight at once against the engine
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.env or not isinstance(self.env, str):
+            raise LocalConfigError(f"env must be a non-empty environment tag, got {self.env!r}")
+        if not self.output_dir:
+            raise LocalConfigError("output_dir must name a folder for the adapter and metrics")
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "samples_per_prompt",
+            "max_response_len",
+            "lora_rank",
+            "max_concurrency",
+            "updates_per_step",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.eval_size, int) or self.eval_size < 0:
+            raise LocalConfigError(f"eval_size must be a non-negative integer, got {self.eval_size!r}")
+        if self.lr <= 0:
+            raise LocalConfigError(f"lr must be positive, got {self.lr!r}")
+        if self.temperature <= 0:
+            raise LocalConfigError(
+                f"temperature must be positive (sampling is what RL learns from), got {self.temperature!r}"
+            )
+        if self.eval_temperature < 0:
+            raise LocalConfigError(f"eval_temperature must be >= 0 (0 is greedy), got {self.eval_temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise LocalConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.lora_alpha <= 0:
+            raise LocalConfigError(f"lora_alpha must be positive, got {self.lora_alpha!r}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise LocalConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+        object.__setattr__(self, "lora_target_modules", hf_target_modules(self.lora_target_modules))
+        if self.clip_eps_low < 0 or self.clip_eps_high < 0:
+            raise LocalConfigError(f"clip eps must be non-negative, got {self.clip_eps_low!r}/{self.clip_eps_high!r}")
+        if not 0 <= self.engine_port < 65536:
+            raise LocalConfigError(f"engine_port must be 0..65535, got {self.engine_port!r}")
+        if not isinstance(self.env_config, Mapping):
+            raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")
+
+    @property
+    def expert_name(self) -> str:
+        """The name the adapter is served and saved under."""
+        return self.adapter_name or self.env
+
+    @property
+    def adapter_dir(self) -> Path:
+        return Path(self.output_dir) / "adapter"
+
+    @property
+    def metrics_path(self) -> Path:
+        return Path(self.output_dir) / "metrics.json"
+
+    @property
+    def model_source(self) -> str:
+        """What the stage loads: the chained backbone when given, else ``model``."""
+        return self.backbone or self.model
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["env_config"] = dict(self.env_config)
+        out["lora_target_modules"] = list(self.lora_target_modules)
+        return out
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> LocalStageConfig:
+        """Build from a plain mapping (a recipe section), naming any key the dataclass does not know."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise LocalConfigError(f"unknown local-stage settings {unknown}; known: {sorted(known)}")
+        return cls(**dict(values))
+
+
+def hf_target_modules(names: Any) -> tuple[str, ...]:
+    """PEFT module names; Megatron names from a shared LoRA recipe (``linear_qkv`` ...) are translated."""
+    if isinstance(names, str):
+        names = [names]
+    out: list[str] = []
+    for name in names or ():
+        for hf in HF_TARGETS.get(name, (name,)):
+            if hf not in out:
+                out.append(hf)
+    if not out:
+        raise LocalConfigError("lora_target_modules must name at least one module")
+    return tuple(out)
