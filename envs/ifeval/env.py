@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from aclarena_envs.ifeval.generator import generate
 from aclarena_envs.ifeval.reward import LEVELS, MODES, Label, judge, strip_thinking
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
 
@@ -65,3 +66,7 @@ class IFEvalEnvironment(Environment):
         label = Label.parse(task.label_value)
         label.checkers()  # build now: a bad label fails here, naming the instruction
         return IFEvalEpisode(label, self.conversation(task), self.level, self.mode)
+
+    def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """Generated prompts (see :mod:`aclarena_envs.ifeval.generator`), reproducible from ``seed``."""
+        return [prompt.to_slime(i, seed) for i, prompt in enumerate(generate(n, seed))]

@@ -120,7 +120,8 @@ class Verdicts:
             "instruction_strict": sum(self.strict) / len(self.strict),
             "instruction_loose": sum(self.loose) / len(self.loose),
             "instructions": [
-                {"id": i, "strict": s, "loose": lo} for i, s, lo in zip(self.instruction_ids, self.strict, self.loose)
+                {"id": i, "strict": s, "loose": lo}
+                for i, s, lo in zip(self.instruction_ids, self.strict, self.loose, strict=True)
             ],
         }
 
@@ -131,7 +132,7 @@ def judge(label: Label, response: str) -> Verdicts:
     strict = tuple(follows(checker, response) for checker in checkers)
     variants: list[str] | None = None
     loose = []
-    for checker, ok in zip(checkers, strict):
+    for checker, ok in zip(checkers, strict, strict=True):
         if not ok:  # strict success is the first loose variant; only failures need the others
             variants = variants if variants is not None else loose_variants(response)
             ok = follows_loosely(checker, variants[1:])

@@ -78,7 +78,7 @@ class Checker(ABC):
                 raise LabelError(f"{self.id}: missing kwarg {param.name!r}")
         self._validate()
 
-    def _validate(self) -> None:
+    def _validate(self) -> None:  # noqa: B027 - optional hook, most checkers have nothing to add
         """Cross-kwarg checks (e.g. the nth paragraph exists); raise LabelError."""
 
     @abstractmethod

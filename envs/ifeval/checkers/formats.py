@@ -31,10 +31,7 @@ class Placeholders(Checker):
         return len(_PLACEHOLDER.findall(response)) >= self.kwargs["num_placeholders"]
 
     def describe(self) -> str:
-        return (
-            f"Include at least {self.kwargs['num_placeholders']} placeholders in square brackets, "
-            "such as [name]."
-        )
+        return f"Include at least {self.kwargs['num_placeholders']} placeholders in square brackets, such as [name]."
 
     @classmethod
     def sample_kwargs(cls, rng: random.Random) -> dict[str, Any]:

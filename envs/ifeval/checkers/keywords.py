@@ -85,7 +85,11 @@ class ForbiddenWords(Checker):
 class LetterFrequency(Checker):
     """Occurrences of one character, case-insensitively, compared with ``let_frequency``."""
 
-    params = (Param("letter", str), Param("let_frequency", int, minimum=0), Param("let_relation", str, choices=RELATIONS))
+    params = (
+        Param("letter", str),
+        Param("let_frequency", int, minimum=0),
+        Param("let_relation", str, choices=RELATIONS),
+    )
 
     def _validate(self) -> None:
         letter = self.kwargs["letter"].strip()
