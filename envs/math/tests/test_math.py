@@ -1,0 +1,177 @@
+"""The math env: answer extraction, the integer fast path, math-verify under a hard timeout, data."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aclarena_envs.math.answer import as_integer, final_answer, last_boxed
+from aclarena_envs.math.data import main as prepare
+from aclarena_envs.math.env import MathEnvironment
+from aclarena_envs.math.verifier import VerifierPool, verify_answer
+from aclarena_slime.contract import Task
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("so the answer is \\boxed{073}", "073"),
+        ("\\boxed{1} then \\boxed{\\frac{a}{b}}", "\\frac{a}{b}"),
+        ("<think>maybe \\boxed{3}</think> final: \\boxed{4}", "4"),
+        ("<think>maybe \\boxed{3}</think> no box after thinking", None),
+        ("<think>cut off by the length limit \\boxed{3}", None),
+        ("\\boxed{unbalanced", None),
+        ("\\fbox{12}", "12"),
+        ("no box at all", None),
+    ],
+)
+def test_final_answer(response, expected):
+    assert final_answer(response) == expected
+
+
+def test_nested_braces_and_integers():
+    assert last_boxed("\\boxed{\\sqrt{2}+{1}}") == "\\sqrt{2}+{1}"
+    assert as_integer("073") == 73 and as_integer(" $-5$ ") == -5 and as_integer("\\text{12}") == 12
+    assert as_integer("1,000") is None and as_integer("3.0") is None
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = VerifierPool(workers=1, timeout_s=3.0)
+    yield p
+    p.close()
+
+
+async def test_integer_fast_path_needs_no_worker():
+    never_started = VerifierPool(workers=1)
+    verdict = await verify_answer("73", "073", never_started)
+    assert verdict.correct and verdict.method == "integer" and not never_started._started
+
+
+async def test_math_verify_equivalence(pool):
+    assert (await verify_answer("0.5", "\\frac{1}{2}", pool)).correct
+    assert not (await verify_answer("\\frac{1}{3}", "\\frac{1}{2}", pool)).correct
+
+
+async def test_pathological_answer_times_out_without_stalling_the_loop(pool):
+    await verify_answer("2", "\\sqrt{4}", pool)  # the worker is warm: the timeout below is the check's own
+    ticks = 0
+
+    async def heartbeat():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    beat = asyncio.create_task(heartbeat())
+    start = time.monotonic()
+    verdict = await verify_answer("1", "9^{9^{9^{9}}}", pool)
+    elapsed = time.monotonic() - start
+    beat.cancel()
+    assert not verdict.correct
+    assert elapsed < pool.timeout_s + 2.0
+    assert ticks >= elapsed / 0.05 * 0.5, "the event loop was blocked while verifying"
+    # the pool still works afterwards (a killed worker is replaced)
+    assert (await verify_answer("x^2", "x \\cdot x", pool)).correct
+
+
+async def test_episode_scores_and_builds_the_prompt():
+    env = MathEnvironment({"workers": 1})
+    episode = await env.start(Task("What is 2+2?", "4", {"env": "math"}))
+    assert episode.conversation.messages[0]["content"].endswith("\\boxed{}.")
+    await episode.step("<think>2+2</think>\\boxed{4}")
+    score = await episode.score()
+    assert score.reward == 1.0 and score.breakdown["answer"] == "4"
+    bare = MathEnvironment({"instruction": None})
+    assert (await bare.start(Task("Q", "1"))).conversation.messages == [{"role": "user", "content": "Q"}]
+    chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert (await env.start(Task(chat, "1"))).conversation.messages == chat
+
+
+async def test_demo_records_are_scoreable():
+    env = MathEnvironment({})
+    records = env.demo_records(20, seed=1)
+    assert records == env.demo_records(20, seed=1) and len({r["prompt"] for r in records}) > 10
+    a, op, b = records[0]["prompt"].removeprefix("What is ").rstrip("?").split()
+    assert int(records[0]["label"]) == eval(f"{a}{op}{b}")  # noqa: S307 - our own generated arithmetic
+
+
+def test_prepare_dapo_parquet_and_aime_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dapo_prompt = (
+        "Solve the following math problem step by step. The last line of your response should be of the form "
+        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nFind x if x+1=35.\n\n"
+        'Remember to put your answer on its own line after "Answer:".'
+    )
+    table = pa.table(
+        {
+            "data_source": ["math_dapo"],
+            "prompt": [[{"role": "user", "content": dapo_prompt}]],
+            "reward_model": [{"ground_truth": "34", "style": "rule-lean"}],
+        }
+    )
+    pq.write_table(table, tmp_path / "dapo.parquet")
+    assert (
+        prepare(
+            ["--input", str(tmp_path / "dapo.parquet"), "--output", str(tmp_path / "train.jsonl"), "--split", "train"]
+        )
+        == 0
+    )
+    record = json.loads((tmp_path / "train.jsonl").read_text())
+    assert record == {
+        "prompt": "Find x if x+1=35.",
+        "label": "34",
+        "metadata": {"env": "math", "source": "math_dapo", "index": 0, "split": "train"},
+    }
+
+    (tmp_path / "aime.jsonl").write_text(json.dumps({"problem": "P1", "answer": 73}) + "\n")
+    prepare(["--input", str(tmp_path / "aime.jsonl"), "--output", str(tmp_path / "aime26.jsonl"), "--source", "aime26"])
+    assert json.loads((tmp_path / "aime26.jsonl").read_text())["label"] == "73"
+
+    (tmp_path / "bad.jsonl").write_text('{"problem": "no answer"}\n')
+    with pytest.raises(ValueError, match="no answer"):
+        prepare(["--input", str(tmp_path / "bad.jsonl"), "--output", str(tmp_path / "x.jsonl")])
+    assert not (tmp_path / "x.jsonl").exists(), "a failed conversion leaves no half-written file"
+
+
+def _cli(*args: str, stdin: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aclarena_slime", *args], input=stdin, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_score_cli():
+    out = _cli("score", "math", "--label", '"73"', stdin="so the answer is \\boxed{073}")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["reward"] == 1.0
+    start = time.monotonic()
+    out = _cli("score", "math", "--label", "1", "--config", '{"timeout_s": 3}', stdin="\\boxed{9^{9^{9^{9}}}}")
+    assert out.returncode == 0 and json.loads(out.stdout)["reward"] == 0.0
+    assert time.monotonic() - start < 60
+    bad = _cli("score", "math", "--label", "{oops", stdin="x")
+    assert bad.returncode == 2 and "--label is not valid JSON" in bad.stderr
+    unknown = _cli("score", "nope", "--label", "1", stdin="x")
+    assert unknown.returncode == 2 and "known tags" in unknown.stderr
+
+
+def test_data_prepare_cli_dispatches_to_the_env(tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"problem": "P", "answer": "5"}) + "\n")
+    out = _cli(
+        "data",
+        "prepare",
+        "math",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        stdin="",
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["written"] == 1
