@@ -37,7 +37,9 @@ class AttentionShape:
 
     @classmethod
     def from_megatron(cls, config) -> AttentionShape:
-        return cls(config.num_attention_heads, config.num_query_groups or config.num_attention_heads, config.kv_channels)
+        return cls(
+            config.num_attention_heads, config.num_query_groups or config.num_attention_heads, config.kv_channels
+        )
 
 
 def split_qkv_rows(fused: torch.Tensor, shape: AttentionShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

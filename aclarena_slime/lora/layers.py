@@ -114,7 +114,9 @@ class LoraLinearMixin:
         param = getattr(self, name).weight
         block = shard(full, self.lora_layouts[name], self.lora_tp_rank(), self.lora_tp_size())
         if block.shape != param.shape:
-            raise ValueError(f"{self.lora_key}.{name}: logical shape {tuple(full.shape)} does not fit {tuple(param.shape)}")
+            raise ValueError(
+                f"{self.lora_key}.{name}: logical shape {tuple(full.shape)} does not fit {tuple(param.shape)}"
+            )
         param.copy_(block.to(param.dtype))
 
     @torch.no_grad()

@@ -1,0 +1,90 @@
+"""Slime weight updater for LoRA runs: sends the adapter, never the backbone, after each train step.
+
+It has the interface of slime's ``UpdateWeightFrom*`` classes (``slime/backends/megatron_utils/
+update_weight``) and takes their place when ``provider.megatron_init`` is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .config import LoraConfig
+from .export import AttentionShape, gather_adapter, peft_adapter_config, to_peft_state_dict
+from .sync import sync_adapter
+
+logger = logging.getLogger(__name__)
+
+
+class LoraWeightUpdater:
+    """Gathers the adapter over TP, then global rank 0 swaps it on every SGLang engine."""
+
+    def __init__(
+        self,
+        args: Any,
+        model: Sequence[torch.nn.Module],
+        weights_getter: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+        *,
+        model_name: str = "",
+        quantization_config: dict | None = None,
+    ) -> None:
+        if quantization_config:
+            raise ValueError("LoRA adapter sync does not support quantised rollout weights")
+        self.model = model
+        self.config = LoraConfig.from_args(args)
+        self.base_model = getattr(args, "hf_checkpoint", None)
+        self.rollout_engines: Sequence[Any] = []
+        self.metrics: dict[str, float] = {}
+
+    def connect_rollout_engines(
+        self, rollout_engines: Sequence[Any], rollout_engine_lock: Any = None, **_: Any
+    ) -> None:
+        self.rollout_engines = rollout_engines
+
+    def disconnect_rollout_engines(self) -> None:
+        self.rollout_engines = []
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self.metrics = self.metrics, {}
+        return out
+
+    @torch.no_grad()
+    def update_weights(self) -> None:
+        from megatron.core.utils import get_model_config
+
+        shape = AttentionShape.from_megatron(get_model_config(self.model[0]))
+        tensors = to_peft_state_dict(gather_adapter(self.model), shape)  # every TP rank takes part
+        if dist.get_rank() == 0 and self.rollout_engines:
+            import ray
+
+            urls = ray.get([engine.get_url.remote() for engine in self.rollout_engines])
+            result = asyncio.run(
+                sync_adapter(
+                    urls,
+                    self.config.adapter_name,
+                    tensors,
+                    peft_adapter_config(self.config, self.base_model),
+                    mode=self.config.sync_mode,
+                    sync_dir=self.config.sync_dir,
+                    schema=self.config.sglang_payload,
+                )
+            )
+            self.metrics = {
+                "perf/lora_sync_seconds": result.seconds,
+                "perf/lora_sync_bytes": float(result.payload_bytes),
+            }
+            logger.info(
+                "LoRA %r synced to %d engines (%s) in %.2fs",
+                self.config.adapter_name,
+                result.servers,
+                result.schema,
+                result.seconds,
+            )
+        from slime.utils.distributed_utils import get_gloo_group
+
+        dist.barrier(group=get_gloo_group())
