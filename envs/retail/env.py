@@ -1,0 +1,150 @@
+"""The τ³-Retail environment (stage 3): a customer-service agent with 16 tools and a simulated customer.
+
+An episode starts with the agent's system prompt (an instruction plus the data directory's
+``policy.md``) and the simulated customer's first message. Each model turn is either tool calls
+(``<tool_call>{"name", "arguments"}</tool_call>``, answered by ``tool`` messages; a call that cannot be
+read or is refused is answered by an ``Error: ...`` message and changes nothing) or a message to the
+customer (answered by the customer's reply as a ``user`` message). The customer ends the episode with
+``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``; a failing simulator aborts it.
+
+Reward range {0.0, 1.0}: the final database equals the one the gold actions produce (and, where the
+task's basis asks, the required information was said). See :mod:`.reward`.
+
+Config (recipe ``aclarena_env_config.retail``)::
+
+    data_dir: /data/tau3/retail     # required: db.json, tasks.json, split_tasks.json, policy.md
+    max_turns: 30                   # model turns per episode
+    user:                           # the simulated customer
+      kind: llm                     # or: scripted, with replies: [...]
+      base_url: http://127.0.0.1:30001/v1
+      model: Qwen3-32B
+      temperature: 0.0
+    tool_call_format: {open: "<tool_call>", close: "</tool_call>", think_end: "</think>"}
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from aclarena_envs.retail.data import TAG, RetailData, records, task_id_of
+from aclarena_envs.retail.db import canonical_hash
+from aclarena_envs.retail.reward import GoldReplay, replay_gold, score_episode
+from aclarena_envs.retail.tool_calls import MalformedCall, ToolCallParser
+from aclarena_envs.retail.tools import WRITE_TOOLS, RetailTools, tool_schemas
+from aclarena_envs.retail.user_sim import (
+    AGENT_GREETING,
+    UserSession,
+    UserSimulator,
+    build_user_simulator,
+    scenario_text,
+    stop_reason,
+)
+from aclarena_slime.contract import Conversation, Done, Environment, Episode, Message, Observation, Score, Task
+
+AGENT_INSTRUCTION = """You are a customer service agent of an online retail store. Help the customer as the <policy> below allows.
+Each turn, either write a message to the customer or call tools, never both.
+Follow the policy, and make every tool call valid JSON."""
+
+CONFIG_KEYS = {"data_dir", "max_turns", "user", "tool_call_format"}
+
+
+def system_prompt(policy: str) -> str:
+    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+class RetailEpisode(Episode):
+    """One customer conversation over its own copy of the database."""
+
+    def __init__(self, env: RetailEnvironment, task: dict[str, Any], user: UserSession, first_message: str) -> None:
+        self.env, self.task, self.user = env, task, user
+        self.tools = RetailTools(env.data.db.fresh())
+        self.agent_messages: list[str] = []
+        self.wrote = False  # whether any write succeeded: an untouched database needs no hashing
+        self.ended = stop_reason(first_message)
+        self.conversation = Conversation(
+            [{"role": "system", "content": system_prompt(env.data.policy)}, {"role": "user", "content": first_message}],
+            tools=tool_schemas(),
+        )
+
+    async def step(self, text: str) -> Observation | Done:
+        if self.ended:
+            return Done(self.ended)
+        turn = self.env.parser.parse(text)
+        if turn.content:
+            self.agent_messages.append(turn.content)
+        if turn.calls:
+            return Observation([self._answer(call) for call in turn.calls])
+        reply = await self.user.reply(turn.content)
+        self.ended = stop_reason(reply)
+        if self.ended:
+            return Done(self.ended)
+        return Observation([{"role": "user", "content": reply}])
+
+    def _answer(self, call: Any) -> Message:
+        if isinstance(call, MalformedCall):
+            return {"role": "tool", "content": f"Error: {call.error}"}
+        result = self.tools.call(call.name, call.arguments)
+        self.wrote = self.wrote or (call.name in WRITE_TOOLS and not result.error)
+        return {"role": "tool", "name": call.name, "content": result.content}
+
+    def db_hash(self) -> str:
+        return canonical_hash(self.tools.db) if self.wrote else self.env.data.db.hash
+
+    async def score(self) -> Score:
+        gold = self.env.gold(self.task)
+        score = score_episode(self.task, self.db_hash(), gold.db_hash, self.agent_messages)
+        score.breakdown["end"] = self.ended or "turn_limit"
+        return score
+
+
+class RetailEnvironment(Environment):
+    tag: ClassVar[str] = TAG
+    prepare_data: ClassVar[str] = "aclarena_envs.retail.data.main"
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        user_simulator: UserSimulator | None = None,
+        data: RetailData | None = None,
+    ) -> None:
+        """``user_simulator`` and ``data`` replace what ``config`` would build (tests, the gold replay)."""
+        super().__init__(config)
+        unknown = set(self.config) - CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"retail env: unknown settings {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")
+        if data is None and not self.config.get("data_dir"):
+            raise ValueError(
+                "retail env needs data_dir: a τ³-Retail data directory (db.json, tasks.json, split_tasks.json, policy.md)"
+            )
+        self.data = data if data is not None else RetailData.load(self.config["data_dir"])
+        self.max_turns = int(self.config.get("max_turns", 30))
+        if self.max_turns < 1:
+            raise ValueError("retail env: max_turns must be at least 1")
+        self.parser = ToolCallParser.from_config(self.config.get("tool_call_format"))
+        self.user = user_simulator or build_user_simulator(self.config.get("user"))
+        self._gold: dict[str, GoldReplay] = {}
+
+    def gold(self, task: Mapping[str, Any]) -> GoldReplay:
+        """The gold replay of a task, computed once per process."""
+        task_id = str(task["id"])
+        if task_id not in self._gold:
+            self._gold[task_id] = replay_gold(self.data.db, task)
+        return self._gold[task_id]
+
+    async def start(self, task: Task) -> RetailEpisode:
+        record = self.data.task(task_id_of(task.label, task.metadata))
+        if record.get("initial_state"):
+            raise ValueError(f"retail task {record['id']}: tasks with an initial_state are not supported")
+        session = self.user.session(scenario_text(record.get("user_scenario") or {}))
+        first = await session.reply(AGENT_GREETING)
+        return RetailEpisode(self, record, session, first)
+
+    def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` records drawn from the train split of the configured data directory."""
+        rows = records(self.data, "train")
+        return random.Random(seed).sample(rows, min(n, len(rows)))
+
+    async def aclose(self) -> None:
+        await self.user.aclose()

@@ -1,0 +1,236 @@
+"""The simulated customer: an LLM behind any OpenAI-compatible chat endpoint, or a script for tests.
+
+As in τ³, the simulator is prompted with the task's ``user_scenario``, sees the agent's messages as
+the other side of the chat, and ends the conversation by writing ``###STOP###`` (goal reached),
+``###TRANSFER###`` (handed to a human) or ``###OUT-OF-SCOPE###`` (the scenario does not cover what
+happens). Anything that goes wrong on the simulator's side (HTTP error, timeout, an answer without
+text) raises :class:`~aclarena_slime.contract.EpisodeAborted`: the episode is dropped, never scored 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import textwrap
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from aclarena_slime.contract import EpisodeAborted
+
+#: The end markers and the episode end reason each one gives.
+STOP_MARKERS = {"###STOP###": "user_stop", "###TRANSFER###": "user_transfer", "###OUT-OF-SCOPE###": "user_out_of_scope"}
+
+#: The agent's opening line; τ³'s orchestrator opens every conversation with these words.
+AGENT_GREETING = "Hi! How can I help you today?"
+
+GUIDELINES = """You are a customer writing to a customer service agent. Play the customer described in the scenario below.
+
+- Write one message at a time, the way a real customer would.
+- Follow the scenario. Do not invent anything it does not give you: what it does not say, you do not know.
+- Say things in your own words rather than quoting the scenario.
+- Give information only when the agent asks for it, a little at a time.
+- Keep going until your goal is reached. Then write ###STOP###.
+- If you are transferred to another agent, write ###TRANSFER###.
+- If the conversation reaches a point the scenario gives you no way to handle, write ###OUT-OF-SCOPE###."""
+
+
+def stop_reason(text: str) -> str | None:
+    """The end reason if the simulator's message ends the conversation, else ``None``."""
+    for marker, reason in STOP_MARKERS.items():
+        if marker in text:
+            return reason
+    return None
+
+
+def scenario_text(user_scenario: Mapping[str, Any]) -> str:
+    """The scenario as the simulator reads it: persona, then the structured instructions."""
+    parts = []
+    if user_scenario.get("persona"):
+        parts.append(f"Persona:\n{textwrap.indent(str(user_scenario['persona']), '    ')}")
+    instructions = user_scenario.get("instructions")
+    if isinstance(instructions, Mapping):
+        labels = [
+            ("domain", "Domain"),
+            ("reason_for_call", "Reason for call"),
+            ("known_info", "Known info"),
+            ("unknown_info", "Unknown info"),
+            ("task_instructions", "Task instructions"),
+        ]
+        for key, label in labels:
+            if instructions.get(key):
+                parts.append(f"{label}:\n{textwrap.indent(str(instructions[key]), '    ')}")
+    elif instructions:
+        parts.append(str(instructions))
+    return "\n".join(parts)
+
+
+class UserSession(ABC):
+    """One simulated customer in one conversation."""
+
+    @abstractmethod
+    async def reply(self, agent_text: str) -> str:
+        """The customer's answer to the agent's message (the first call gets the greeting)."""
+
+
+class UserSimulator(ABC):
+    """Makes a :class:`UserSession` per episode; holds what sessions share (an HTTP connection pool)."""
+
+    @abstractmethod
+    def session(self, scenario: str) -> UserSession:
+        """A fresh customer playing ``scenario``."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release shared resources."""
+
+
+class ScriptedUser(UserSimulator):
+    """Answers with fixed lines in order, then ``###STOP###``: deterministic episodes for tests and demos."""
+
+    def __init__(self, replies: Sequence[str]) -> None:
+        self.replies = [str(r) for r in replies]
+
+    def session(self, scenario: str) -> UserSession:
+        return _ScriptedSession(iter(self.replies))
+
+
+class _ScriptedSession(UserSession):
+    def __init__(self, replies: Any) -> None:
+        self._replies = replies
+        self.heard: list[str] = []
+
+    async def reply(self, agent_text: str) -> str:
+        self.heard.append(agent_text)
+        return next(self._replies, "###STOP###")
+
+
+class LLMUser(UserSimulator):
+    """A simulator behind an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, SGLang, OpenAI...).
+
+    ``base_url`` ends before ``/chat/completions`` (e.g. ``http://host:30001/v1``). The API key, if any,
+    is read from the environment variable named by ``api_key_env``, never from the config itself.
+    Connection errors, timeouts, 429 and 5xx answers are retried ``retries`` times before the episode aborts.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int | None = None,
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        extra_body: Mapping[str, Any] | None = None,
+        think_end: str = "</think>",
+    ) -> None:
+        if not base_url or not model:
+            raise ValueError("the LLM user simulator needs base_url and model")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.retries, self.extra_body, self.think_end = retries, dict(extra_body or {}), think_end
+        self.headers = {}
+        if api_key_env:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise ValueError(f"environment variable {api_key_env} (the user simulator's API key) is not set")
+            self.headers["Authorization"] = f"Bearer {key}"
+        self._http: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LLMUser:
+        known = {"base_url", "model", "api_key_env", "temperature", "max_tokens", "timeout_s", "retries", "extra_body"}
+        unknown = set(config) - known - {"kind"}
+        if unknown:
+            raise ValueError(f"unknown user simulator settings {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in config.items() if k in known})
+
+    def session(self, scenario: str) -> UserSession:
+        return _LLMSession(self, f"{GUIDELINES}\n\n<scenario>\n{scenario}\n</scenario>")
+
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http.closed or self._loop is not loop:
+            self._http = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
+            self._loop = loop
+        return self._http
+
+    async def complete(self, messages: list[dict[str, str]]) -> str:
+        """One chat completion; its text without any thinking block."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            **self.extra_body,
+        }
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        error = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
+            try:
+                async with self._client().post(self.url, json=body) as resp:
+                    if resp.status >= 500 or resp.status == 429:  # overloaded or rate-limited: worth a retry
+                        error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                        continue
+                    if resp.status >= 400:
+                        raise EpisodeAborted(
+                            f"user simulator refused the request: HTTP {resp.status}: {(await resp.text())[:200]}"
+                        )
+                    payload = await resp.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                continue
+            return self._text(payload)
+        raise EpisodeAborted(f"user simulator at {self.url} failed after {self.retries + 1} attempts: {error}")
+
+    def _text(self, payload: Any) -> str:
+        try:
+            content = payload["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise EpisodeAborted(f"user simulator answered without a message ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(content, str):
+            raise EpisodeAborted("user simulator answered without text")
+        if self.think_end and self.think_end in content:
+            content = content.rsplit(self.think_end, 1)[1]
+        if not content.strip():
+            raise EpisodeAborted("user simulator answered with empty text")
+        return content.strip()
+
+    async def aclose(self) -> None:
+        if self._http is not None and not self._http.closed:
+            await self._http.close()
+
+
+class _LLMSession(UserSession):
+    """The simulator's side of the chat: the agent speaks as ``user``, the customer as ``assistant``."""
+
+    def __init__(self, sim: LLMUser, system_prompt: str) -> None:
+        self.sim = sim
+        self.messages = [{"role": "system", "content": system_prompt}]
+
+    async def reply(self, agent_text: str) -> str:
+        self.messages.append({"role": "user", "content": agent_text})
+        text = await self.sim.complete(self.messages)
+        self.messages.append({"role": "assistant", "content": text})
+        return text
+
+
+def build_user_simulator(config: Mapping[str, Any] | None) -> UserSimulator:
+    """``{"kind": "llm", "base_url": ..., "model": ...}`` or ``{"kind": "scripted", "replies": [...]}``."""
+    config = dict(config or {})
+    kind = config.get("kind", "llm")
+    if kind == "scripted":
+        replies = config.get("replies")
+        if not isinstance(replies, list):
+            raise ValueError("a scripted user needs 'replies': a list of messages")
+        return ScriptedUser(replies)
+    if kind == "llm":
+        return LLMUser.from_config(config)
+    raise ValueError(f"unknown user simulator kind {kind!r}; expected 'llm' or 'scripted'")
