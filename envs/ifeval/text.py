@@ -55,8 +55,13 @@ def word_tokens(text: str) -> list[str]:
     return [token for sentence in split_sentences(text) for token in tokenizer.tokenize(sentence)]
 
 
+@lru_cache(maxsize=2048)
 def detect_language(text: str) -> str | None:
-    """ISO 639-1 code of ``text`` (``zh-cn``/``zh-tw`` for Chinese), or None when undecidable."""
+    """ISO 639-1 code of ``text`` (``zh-cn``/``zh-tw`` for Chinese), or None when undecidable.
+
+    Cached: detection costs tens of milliseconds, and one response meets it several times (the
+    language and letter-case instructions, and their loose variants).
+    """
     try:
         return langdetect.detect(text)
     except LangDetectException:
