@@ -111,7 +111,8 @@ class LLMUser(UserSimulator):
 
     ``base_url`` ends before ``/chat/completions`` (e.g. ``http://host:30001/v1``). The API key, if any,
     is read from the environment variable named by ``api_key_env``, never from the config itself.
-    Connection errors, timeouts, 429 and 5xx answers are retried ``retries`` times before the episode aborts.
+    Connection errors, timeouts, 429 and 5xx answers are retried ``retries`` times, waiting ``backoff_s``
+    and then twice as long each time, before the episode aborts.
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class LLMUser(UserSimulator):
         max_tokens: int | None = None,
         timeout_s: float = 120.0,
         retries: int = 2,
+        backoff_s: float = 1.0,
         extra_body: Mapping[str, Any] | None = None,
         think_end: str = "</think>",
     ) -> None:
@@ -132,7 +134,8 @@ class LLMUser(UserSimulator):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.retries, self.extra_body, self.think_end = retries, dict(extra_body or {}), think_end
+        self.retries, self.backoff_s = retries, backoff_s
+        self.extra_body, self.think_end = dict(extra_body or {}), think_end
         self.headers = {}
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -144,10 +147,12 @@ class LLMUser(UserSimulator):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LLMUser:
-        known = {"base_url", "model", "api_key_env", "temperature", "max_tokens", "timeout_s", "retries", "extra_body"}
+        known = {"base_url", "model", "api_key_env", "temperature", "max_tokens", "timeout_s", "retries", "backoff_s", "extra_body"}
         unknown = set(config) - known - {"kind"}
         if unknown:
             raise ValueError(f"unknown user simulator settings {sorted(unknown)}; known: {sorted(known)}")
+        if not config.get("base_url") or not config.get("model"):
+            raise ValueError("the LLM user simulator needs base_url and model (env config: user.base_url, user.model)")
         return cls(**{k: v for k, v in config.items() if k in known})
 
     def session(self, scenario: str) -> UserSession:
@@ -173,7 +178,7 @@ class LLMUser(UserSimulator):
         error = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
+                await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), 30.0))
             try:
                 async with self._client().post(self.url, json=body) as resp:
                     if resp.status >= 500 or resp.status == 429:  # overloaded or rate-limited: worth a retry
