@@ -19,6 +19,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
+from aclarena_envs.ifeval import text
 from aclarena_envs.ifeval.generator import generate
 from aclarena_envs.ifeval.reward import follows, judge
 from aclarena_envs.ifeval.vocabulary import WORDS
@@ -88,6 +89,7 @@ def main() -> None:
             checks += 1
     strict_s = time.perf_counter() - start
 
+    text.detect_language.cache_clear()  # the full run must not reuse the strict run's detections
     start = time.perf_counter()
     passed = sum(sum(judge(label, response).strict) for label, response in pairs)
     full_s = time.perf_counter() - start
