@@ -3,13 +3,17 @@
 Token ids in, token ids and log-probs out, finish reasons as SGLang reports them. The replies are
 tokenized with the test's tokenizer; stop strings and ``max_new_tokens`` are honoured the way a real
 engine does (a stop string ends the output after it, with no end-of-turn token; the budget cuts the
-output and reports ``length``). Requests are recorded for assertions (``lora_path`` included).
+output and reports ``length``). Requests are recorded for assertions (``lora_path`` included). The OpenAI endpoints
+(``/v1/completions``, ``/v1/chat/completions``, adapter from ``model="<base>:<adapter>"``) and
+``stream: true`` (server-sent events, as SGLang sends them) are there for gateway tests; ``stop()`` and
+``start()`` simulate a restart: same port, no adapters loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,16 +65,29 @@ class FakeSGLang:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/load_lora_adapter", self._load)
         app.router.add_post("/unload_lora_adapter", self._unload)
+        app.router.add_post("/v1/completions", self._openai)
+        app.router.add_post("/v1/chat/completions", self._openai)
         return app
 
     async def __aenter__(self) -> FakeSGLang:
-        self._stack = contextlib.AsyncExitStack()
-        self.url = await self._stack.enter_async_context(serving(self.app()))
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._stack is not None
-        await self._stack.aclose()
+        await self.stop()
+
+    async def start(self) -> None:
+        """Serve (again): on a free port the first time, on the same port after :meth:`stop`."""
+        self._stack = contextlib.AsyncExitStack()
+        port = self.port if self.url else 0
+        self.url = await self._stack.enter_async_context(serving(self.app(), port=port))
+
+    async def stop(self) -> None:
+        """Go down like a killed server: connections refused, loaded adapters forgotten."""
+        if self._stack is not None:
+            await self._stack.aclose()
+            self._stack = None
+        self.adapters.clear()
 
     def _next_reply(self, payload: dict[str, Any]) -> Reply:
         reply = self._replies(payload) if callable(self._replies) else next(self._replies)
@@ -84,7 +101,48 @@ class FakeSGLang:
         if lora is not None and self.adapters and lora not in self.adapters:
             return web.json_response({"error": {"message": f"adapter {lora} is not loaded"}}, status=400)
         self.requests.append(payload)
-        return web.json_response(self.complete(payload))
+        out = self.complete(payload)
+        if not payload.get("stream"):
+            return web.json_response(out)
+        # SGLang's native stream: each event carries the text so far; the last one the full answer.
+        ids = [item[1] for item in out["meta_info"]["output_token_logprobs"]]
+        events = [
+            {"text": self.tokenizer.decode(ids[: i + 1], skip_special_tokens=True), "meta_info": {"id": "stream"}}
+            for i in range(len(ids) - 1)
+        ]
+        return await self._sse(request, [*events, out])
+
+    async def _sse(self, request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        model = str(payload.get("model") or "fake-model")
+        adapter = model.split(":", 1)[1] if ":" in model else None
+        if adapter is not None and self.adapters and adapter not in self.adapters:
+            return web.json_response({"error": {"message": f"adapter {adapter} is not loaded"}}, status=400)
+        self.requests.append(payload)
+        chat = request.path.endswith("/chat/completions")
+        reply = self._next_reply(payload).text
+        base = {"id": f"fake-{len(self.requests)}", "model": model, "created": 0}
+        if not payload.get("stream"):
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+            choice.update({"message": {"role": "assistant", "content": reply}} if chat else {"text": reply})
+            kind = "chat.completion" if chat else "text_completion"
+            return web.json_response({**base, "object": kind, "choices": [choice]})
+        pieces = [self.tokenizer.decode([i]) for i in self.tokenizer.encode(reply, add_special_tokens=False)]
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        events = [
+            {**base, "object": kind, "choices": [{"index": 0, **({"delta": {"content": p}} if chat else {"text": p})}]}
+            for p in pieces
+        ]
+        return await self._sse(request, events)
 
     def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
         params = payload.get("sampling_params") or {}

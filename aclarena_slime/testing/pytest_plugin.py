@@ -25,6 +25,15 @@ def tiny_tokenizer(tiny_checkpoint: Path):
     return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
+@pytest.fixture(autouse=True)
+async def _close_sglang_sessions():
+    """Each test has its own event loop: close the client session made on it."""
+    yield
+    from aclarena_slime.sglang_client import close_sessions
+
+    await close_sessions()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``slime`` tests run only where slime imports; ``gpu`` tests only where CUDA is present."""
     try:

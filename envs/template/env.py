@@ -1,0 +1,43 @@
+"""Template for a new environment: copy this folder, rename the tag, fill in the three methods.
+
+Reward range: [0, 1]. A one-turn task: the model answers, the answer is compared with the label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
+
+
+class TemplateEpisode(Episode):
+    def __init__(self, task: Task, instruction: str) -> None:
+        self.task, self.answer = task, ""
+        self.conversation = Conversation([{"role": "user", "content": f"{task.prompt}\n\n{instruction}"}])
+
+    async def step(self, text: str) -> Done:
+        self.answer = text.split("</think>")[-1].strip()
+        return Done("answered")
+
+    async def score(self) -> Score:
+        correct = self.answer.lower() == str(self.task.label_value).lower()
+        return Score(1.0 if correct else 0.0, {"answer": self.answer[:200], "correct": correct})
+
+
+class TemplateEnvironment(Environment):
+    tag: ClassVar[str] = "template"
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self.instruction = self.config.get("instruction", "Answer with one word.")
+
+    async def start(self, task: Task) -> TemplateEpisode:
+        return TemplateEpisode(task, self.instruction)
+
+    def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        colours = ["red", "green", "blue"]
+        return [
+            {"prompt": f"Say {colours[i % 3]}.", "label": colours[i % 3], "metadata": {"env": self.tag}}
+            for i in range(n)
+        ]

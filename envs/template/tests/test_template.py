@@ -1,0 +1,11 @@
+from aclarena_envs.template.env import TemplateEnvironment
+from aclarena_slime.conformance import check_environment
+from aclarena_slime.contract import Task
+
+
+async def test_template_conforms_and_scores():
+    env = TemplateEnvironment({})
+    await check_environment(env, [Task(**{**r, "metadata": r["metadata"]}) for r in env.demo_records(2)], turns=["red"])
+    episode = await env.start(Task("Say red.", "red", {"env": "template"}))
+    await episode.step("<think>easy</think> Red")
+    assert (await episode.score()).reward == 1.0
