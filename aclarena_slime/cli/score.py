@@ -40,12 +40,16 @@ async def score_response(tag: str, response: str, label: Any, metadata: dict, pr
         env = get_environment(tag, config)
     except (UnknownEnvironment, PluginLoadError) as exc:
         raise CommandError(str(exc)) from exc
-    episode = await env.start(Task(prompt=prompt, label=label, metadata={"env": tag, **metadata}))
     try:
-        result = await episode.step(response)
-        score = await episode.score()
+        episode = await env.start(Task(prompt=prompt, label=label, metadata={"env": tag, **metadata}))
+        try:
+            result = await episode.step(response)
+            score = await episode.score()
+        finally:
+            await episode.close()
+    except ValueError as exc:  # a label or metadata the env cannot use: the user's input, not a crash
+        raise CommandError(f"{tag}: {exc}") from exc
     finally:
-        await episode.close()
         await env.aclose()
     return {"env": tag, "reward": float(score.reward), "breakdown": score.breakdown, "ended": isinstance(result, Done)}
 
