@@ -62,6 +62,9 @@ class LocalStageConfig:
     engine_host: str = "127.0.0.1"
     engine_port: int = 0  # 0: a free port chosen by the OS
     max_concurrency: int = 8  # rollouts in flight at once against the engine
+    micro_batch_size: int = 8  # sequences per forward/backward in the trainer
+    torch_threads: int | None = None  # None: torch's default; 1 is fastest for the tiny model
+    served_name: str = "local"  # OpenAI model name of the base; "<served_name>:<adapter>" for an adapter
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -77,6 +80,7 @@ class LocalStageConfig:
             "lora_rank",
             "max_concurrency",
             "updates_per_step",
+            "micro_batch_size",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -100,6 +104,8 @@ class LocalStageConfig:
         object.__setattr__(self, "lora_target_modules", hf_target_modules(self.lora_target_modules))
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise LocalConfigError(f"clip eps must be non-negative, got {self.clip_eps_low!r}/{self.clip_eps_high!r}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise LocalConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         if not 0 <= self.engine_port < 65536:
             raise LocalConfigError(f"engine_port must be 0..65535, got {self.engine_port!r}")
         if not isinstance(self.env_config, Mapping):

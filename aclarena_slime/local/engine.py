@@ -1,0 +1,224 @@
+"""The embedded engine: SGLang's HTTP API (the subset our rollout and router use) over :class:`MultiLoraModel`.
+
+Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, ``return_logprob``,
+``lora_path``), ``POST /load_lora_adapter`` / ``/unload_lora_adapter``, ``GET /health``,
+``/health_generate``, ``/v1/models``, and OpenAI ``POST /v1/chat/completions`` (``model="<served>"`` is
+the base model, ``"<served>:<adapter>"`` an adapter) for user simulators and the router. Since the
+protocol is SGLang's, :mod:`aclarena_slime.rollout` and everything else run against it unchanged.
+
+Generation runs on one worker thread, so the event loop keeps answering health checks and adapter
+loads while a request decodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiohttp import web
+
+from aclarena_slime.chat_tokens import ChatTokens
+from aclarena_slime.experts import ExpertError
+from aclarena_slime.http_service import LOOPBACK, serving
+from aclarena_slime.local.generation import Generation, GenerationError, MultiLoraModel, SamplingParams, UnknownAdapter
+
+
+class LocalEngine:
+    """``async with LocalEngine(model, served_name="tiny").serve() as url: ...``"""
+
+    def __init__(self, model: MultiLoraModel, served_name: str = "local") -> None:
+        self.model = model
+        self.served_name = served_name
+        self.chat = ChatTokens(model.tokenizer)
+        self.generated_tokens = 0
+        self._executor: ThreadPoolExecutor | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_post("/load_lora_adapter", self._load)
+        app.router.add_post("/unload_lora_adapter", self._unload)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        return app
+
+    @contextlib.asynccontextmanager
+    async def serve(self, host: str = LOOPBACK, port: int = 0) -> AsyncIterator[str]:
+        """Serve for the duration of the block; yields the base URL. Requests in flight are aborted at exit."""
+        self.model.closing = False
+        try:
+            async with serving(self.app(), host, port) as url:
+                yield url
+        finally:
+            self.model.closing = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def generate(self, input_ids: list[int], params: SamplingParams, adapter: str | None) -> Generation:
+        result = await self._run(self.model.generate, input_ids, params, adapter)
+        self.generated_tokens += len(result.output_ids)
+        return result
+
+    # --- SGLang native API -------------------------------------------------------------------------
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        payload = await _json_object(request)
+        input_ids = payload.get("input_ids")
+        if input_ids is None and isinstance(payload.get("text"), str):
+            input_ids = self.chat.encode(payload["text"])
+        if not isinstance(input_ids, list) or not all(isinstance(t, int) for t in input_ids):
+            raise _bad_request("input_ids must be one list of token ids (or give 'text'); batches are not supported")
+        lora = payload.get("lora_path")
+        if lora is not None and not isinstance(lora, str):
+            raise _bad_request("lora_path must be one adapter name")
+        params = _params(payload.get("sampling_params"))
+        result = await _served(self.generate(input_ids, params, lora))
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": result.finish,
+            "prompt_tokens": len(input_ids),
+            "completion_tokens": len(result.output_ids),
+        }
+        if payload.get("return_logprob"):
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(result.log_probs, result.output_ids, strict=True)
+            ]
+        return web.json_response({"text": self._text(result), "output_ids": result.output_ids, "meta_info": meta})
+
+    def _text(self, result: Generation) -> str:
+        text = self.model.decode(result.output_ids)
+        matched = result.finish.get("matched")
+        if isinstance(matched, str) and text.endswith(matched):
+            text = text[: -len(matched)]  # SGLang trims a matched stop string from the text (not the ids)
+        return text
+
+    async def _load(self, request: web.Request) -> web.Response:
+        payload = await _json_object(request)
+        name, path = payload.get("lora_name"), payload.get("lora_path")
+        if not isinstance(name, str) or not isinstance(path, str):
+            raise _bad_request("load_lora_adapter needs lora_name and lora_path (strings)")
+        await _served(self._run(self.model.load_adapter, name, path))
+        return web.json_response({"success": True, "loaded_adapters": dict(self.model.adapters)})
+
+    async def _unload(self, request: web.Request) -> web.Response:
+        payload = await _json_object(request)
+        name = payload.get("lora_name")
+        if not isinstance(name, str):
+            raise _bad_request("unload_lora_adapter needs lora_name (a string)")
+        await _served(self._run(self.model.unload_adapter, name))
+        return web.json_response({"success": True, "loaded_adapters": dict(self.model.adapters)})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        names = [self.served_name] + [f"{self.served_name}:{a}" for a in sorted(self.model.adapters)]
+        return web.json_response(
+            {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "aclarena-local"} for n in names]}
+        )
+
+    # --- OpenAI chat completions (user simulators, router) -------------------------------------------
+
+    async def _chat_completions(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if body.get("stream"):
+            raise _bad_request("stream=true is not supported by the local engine")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad_request("messages must be a non-empty list")
+        adapter = self._adapter_of_model(body.get("model"))
+        raw: dict[str, Any] = {"temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0)}
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is not None:
+            raw["max_new_tokens"] = max_tokens
+        if body.get("stop") is not None:
+            raw["stop"] = body["stop"]
+        if body.get("seed") is not None:
+            raw["sampling_seed"] = body["seed"]
+        params = _params(raw)
+        try:
+            prompt = self.chat.prompt_ids(messages, body.get("tools"))
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+            raise _bad_request(f"cannot render messages with the chat template: {exc}") from exc
+        result = await _served(self.generate(prompt, params, adapter))
+        finish = {"stop": "stop", "length": "length"}.get(result.finish["type"], "abort")
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model") or self.served_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": self._text(result)},
+                        "finish_reason": finish,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": len(result.output_ids),
+                    "total_tokens": len(prompt) + len(result.output_ids),
+                },
+            }
+        )
+
+    def _adapter_of_model(self, model: Any) -> str | None:
+        if model is None or model == self.served_name:
+            return None
+        if isinstance(model, str) and model.startswith(f"{self.served_name}:"):
+            return model.split(":", 1)[1]
+        known = [self.served_name] + [f"{self.served_name}:{a}" for a in sorted(self.model.adapters)]
+        raise web.HTTPNotFound(
+            text=_error_json(f"model {model!r} is not served here; known: {', '.join(known)}", 404),
+            content_type="application/json",
+        )
+
+
+async def _served(awaitable: Any) -> Any:
+    """Await engine work, turning the engine's own errors into 400 answers with the message."""
+    try:
+        return await awaitable
+    except (GenerationError, ExpertError) as exc:
+        raise _bad_request(str(exc), 404 if isinstance(exc, UnknownAdapter) else 400) from exc
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        payload = await request.json()
+    except ValueError as exc:
+        raise _bad_request(f"the body is not JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise _bad_request("the body must be a JSON object")
+    return payload
+
+
+def _params(raw: Any) -> SamplingParams:
+    try:
+        return SamplingParams.from_request(raw)
+    except GenerationError as exc:
+        raise _bad_request(str(exc)) from exc
+
+
+def _error_json(message: str, status: int) -> str:
+    import json
+
+    return json.dumps({"error": {"message": message, "code": status}})
+
+
+def _bad_request(message: str, status: int = 400) -> web.HTTPException:
+    cls = web.HTTPNotFound if status == 404 else web.HTTPBadRequest
+    return cls(text=_error_json(message, status), content_type="application/json")

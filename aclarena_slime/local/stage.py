@@ -1,0 +1,268 @@
+"""One RL stage on the local backend: engine up, rollouts through the real rollout functions, LoRA steps.
+
+:func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU. The rollouts
+go through :func:`aclarena_slime.rollout.generate` and :func:`~aclarena_slime.rollout.reward` over HTTP,
+exactly as slime calls them, against the embedded engine; after each step the adapter is exported
+and the engine reloads it. Output folder::
+
+    base_model/     the tiny model, when model="tiny" (what the adapter's config points at)
+    adapter/        the expert, a PEFT directory (adapter_config.json + adapter_model.safetensors)
+    metrics.json    settings, per-step training figures, evaluation before and after
+
+In ``env_config``, the strings ``{local_engine}`` and ``{local_model}`` are replaced by the engine's
+base URL and served model name, so an env service can use the engine (e.g. the retail user
+simulator: ``base_url: "{local_engine}/v1"``, ``model: "{local_model}"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from aclarena_slime import rollout
+from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
+from aclarena_slime.local.engine import LocalEngine
+from aclarena_slime.local.generation import MultiLoraModel
+from aclarena_slime.local.records import Sample, demo_records, new_sample, read_jsonl, take
+from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
+from aclarena_slime.registry import get_environment
+from aclarena_slime.sglang_client import SGLangClient, close_sessions
+
+EVAL_SEED_OFFSET = 10_007  # demo evaluation records come from another seed than the training ones
+
+
+class LocalStageError(RuntimeError):
+    """The stage cannot run as configured (model folder, data); the message says what to change."""
+
+
+def run_stage(cfg: LocalStageConfig) -> dict[str, Any]:
+    """Run the stage; returns the metrics (also written to ``cfg.metrics_path``)."""
+    return asyncio.run(run_stage_async(cfg))
+
+
+async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
+    import torch
+
+    started = time.monotonic()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model_dir = prepare_model(cfg.model_source, out, cfg.seed)
+    settings = TrainSettings(
+        lr=cfg.lr,
+        temperature=cfg.temperature,
+        clip_eps_low=cfg.clip_eps_low,
+        clip_eps_high=cfg.clip_eps_high,
+        updates_per_step=cfg.updates_per_step,
+        micro_batch_size=cfg.micro_batch_size,
+    )
+    trainer = LoraTrainer.build(
+        model_dir,
+        settings,
+        rank=cfg.lora_rank,
+        alpha=cfg.lora_alpha,
+        dropout=cfg.lora_dropout,
+        target_modules=cfg.lora_target_modules,
+        base_adapter=cfg.base_adapter,
+        seed=cfg.seed,
+    )
+    adapter_dir = trainer.save(cfg.adapter_dir)
+    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
+    try:
+        async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
+            result = await _stage(cfg, url, model_dir, adapter_dir, trainer, engine)
+    finally:
+        await close_sessions()
+    result["seconds"] = round(time.monotonic() - started, 2)
+    result["engine_generated_tokens"] = engine.generated_tokens
+    write_json_atomic(cfg.metrics_path, result)
+    return result
+
+
+async def _stage(cfg, url, model_dir, adapter_dir, trainer, engine) -> dict[str, Any]:
+    client = SGLangClient(url)
+    name = cfg.expert_name
+    await client.load_lora_adapter(name, str(adapter_dir))
+    env_config = bind_engine(cfg.env_config, url, cfg.served_name)
+    env = get_environment(cfg.env, env_config)
+    train_pool = read_jsonl(cfg.data_path, cfg.env) if cfg.data_path else None
+    rng = random.Random(cfg.seed)
+    n_train = cfg.steps * cfg.prompts_per_step
+    train = take(train_pool, n_train, rng) if train_pool else demo_records(env, n_train, cfg.seed)
+    if cfg.eval_size == 0:
+        evaluation: list[dict[str, Any]] = []
+    elif cfg.eval_data_path:
+        evaluation = read_jsonl(cfg.eval_data_path, cfg.env)[: cfg.eval_size]
+    else:
+        evaluation = demo_records(env, cfg.eval_size, cfg.seed + EVAL_SEED_OFFSET)
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    args = SimpleNamespace(
+        sglang_router_ip=host,
+        sglang_router_port=int(port),
+        hf_checkpoint=str(model_dir),
+        rollout_max_response_len=cfg.max_response_len,
+        aclarena_env_config={cfg.env: env_config},
+        aclarena_experts={cfg.env: name},
+    )
+    limit = asyncio.Semaphore(cfg.max_concurrency)
+    steps: list[dict[str, Any]] = []
+    with _progress(cfg.progress) as progress:
+        task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
+        before = await evaluate(args, evaluation, cfg, limit)
+        progress.advance(task)
+        for step in range(cfg.steps):
+            t0 = time.monotonic()
+            records = train[step * cfg.prompts_per_step : (step + 1) * cfg.prompts_per_step]
+            samples = await rollout_step(args, records, cfg, step, limit)
+            stats = await asyncio.to_thread(trainer.step, [to_train_sample(s) for s in samples if s.usable])
+            trainer.save(adapter_dir)
+            await client.unload_lora_adapter(name)  # the real backend's sync: unload, then load again
+            await client.load_lora_adapter(name, str(adapter_dir))
+            steps.append(
+                {"step": step, **rollout_figures(samples), **stats, "seconds": round(time.monotonic() - t0, 3)}
+            )
+            progress.update(
+                task,
+                advance=1,
+                description=f"{cfg.env}: step {step + 1}/{cfg.steps} reward {steps[-1]['reward_mean']:.3f}",
+            )
+        after = await evaluate(args, evaluation, cfg, limit)
+        progress.advance(task)
+    return {
+        "backend": "local",
+        "env": cfg.env,
+        "expert": name,
+        "model_dir": str(model_dir),
+        "adapter_dir": str(adapter_dir),
+        "config": cfg.to_dict(),
+        "eval_before": before,
+        "eval_after": after,
+        "steps": steps,
+    }
+
+
+async def rollout_step(
+    args: Any, records: list[dict[str, Any]], cfg: LocalStageConfig, step: int, limit: asyncio.Semaphore
+) -> list[Sample]:
+    """``samples_per_prompt`` rollouts of each record (one GRPO group per record), rewarded."""
+    samples = []
+    for g, record in enumerate(records):
+        group = step * cfg.prompts_per_step + g
+        samples += [
+            new_sample(record, group, group * cfg.samples_per_prompt + k) for k in range(cfg.samples_per_prompt)
+        ]
+    params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len}
+    await _gather(samples, lambda s: _one(args, s, params, cfg.seed), limit)
+    return samples
+
+
+async def evaluate(
+    args: Any, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore
+) -> dict[str, Any]:
+    """Mean reward of one rollout per held-out record (greedy unless ``eval_temperature`` > 0)."""
+    if not records:
+        return {"n": 0, "mean_reward": None, "excluded": 0}
+    samples = [new_sample(r, i, i) for i, r in enumerate(records)]
+    params = {"temperature": cfg.eval_temperature, "top_p": 1.0, "max_new_tokens": cfg.max_response_len}
+    await _gather(samples, lambda s: _one(args, s, params, cfg.seed + EVAL_SEED_OFFSET), limit)
+    usable = [s for s in samples if s.usable]
+    mean = statistics.fmean(s.reward for s in usable) if usable else None
+    return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable)}
+
+
+async def _one(args: Any, sample: Sample, params: dict[str, Any], seed: int) -> None:
+    # A seed per sample keeps runs reproducible whatever order the engine serves requests in.
+    params = {**params, "sampling_seed": seed * 1_000_003 + int(sample.index or 0)}
+    await rollout.generate(args, sample, params)
+    if sample.usable:
+        sample.reward = await rollout.reward(args, sample)
+
+
+async def _gather(samples: list[Sample], fn: Callable[[Sample], Awaitable[None]], limit: asyncio.Semaphore) -> None:
+    async def bounded(sample: Sample) -> None:
+        async with limit:
+            await fn(sample)
+
+    await asyncio.gather(*(bounded(s) for s in samples))
+
+
+def to_train_sample(sample: Sample) -> TrainSample:
+    return TrainSample(
+        tokens=list(sample.tokens),
+        response_length=sample.response_length,
+        loss_mask=list(sample.loss_mask or []),
+        rollout_log_probs=list(sample.rollout_log_probs or []),
+        reward=float(sample.reward or 0.0),
+        group=int(sample.group_index or 0),
+    )
+
+
+def rollout_figures(samples: list[Sample]) -> dict[str, float]:
+    usable = [s for s in samples if s.usable]
+    rewards = [float(s.reward or 0.0) for s in usable]
+    return {
+        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "response_len_mean": statistics.fmean(s.response_length for s in usable) if usable else 0.0,
+        "truncated_frac": sum(s.status is Sample.Status.TRUNCATED for s in usable) / max(len(usable), 1),
+        "excluded": float(len(samples) - len(usable)),
+    }
+
+
+def prepare_model(source: str, out: Path, seed: int) -> Path:
+    """The model directory: the tiny model written into ``out/base_model``, or the user's HF directory."""
+    if source == TINY_MODEL:
+        from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
+
+        return save_tiny_checkpoint(out / "base_model", with_model=True, seed=seed).resolve()
+    path = Path(source).expanduser()
+    if not (path / "config.json").is_file():
+        raise LocalStageError(
+            f"model {source!r} is neither 'tiny' nor a Hugging Face model directory (no config.json in it)"
+        )
+    return path.resolve()
+
+
+def bind_engine(config: Mapping[str, Any], url: str, served_name: str) -> dict[str, Any]:
+    """``config`` with ``{local_engine}`` / ``{local_model}`` in its strings replaced (nested too)."""
+
+    def bind(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace("{local_engine}", url).replace("{local_model}", served_name)
+        if isinstance(value, Mapping):
+            return {k: bind(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [bind(v) for v in value]
+        return value
+
+    return bind(dict(config))
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not enabled,
+        transient=False,
+    )
