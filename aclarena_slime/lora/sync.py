@@ -22,11 +22,12 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import aiohttp
 import torch
-from torch.multiprocessing.reductions import ForkingPickler
+import torch.multiprocessing  # noqa: F401  registers torch's shared-memory reductions on ForkingPickler
 
 from .export import write_peft_dir
 

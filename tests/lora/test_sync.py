@@ -1,0 +1,129 @@
+"""Adapter-only sync against a fake SGLang server speaking the real endpoints and payloads."""
+
+from __future__ import annotations
+
+import base64
+import io
+import pickle
+
+import pytest
+import torch
+from aiohttp import web
+
+from aclarena_slime.lora.sync import AdapterSyncError, payload_schema_for, sync_adapter
+
+TENSORS = {
+    "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(4, 8),
+    "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(8, 4),
+}
+CONFIG = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+
+
+class FakeSGLang:
+    """Records every call; holds adapters by name like SGLang's LoRA registry."""
+
+    def __init__(self, version: str, tp_size: int = 2, fail_load: bool = False) -> None:
+        self.version, self.tp_size, self.fail_load = version, tp_size, fail_load
+        self.calls: list[str] = []
+        self.adapters: dict[str, dict] = {}
+        self.bodies: dict[str, dict] = {}
+
+    async def __aenter__(self) -> str:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_get("/get_server_info", self._info)
+        for endpoint in ("pause_generation", "continue_generation", "unload_lora_adapter", "load_lora_adapter"):
+            app.router.add_post(f"/{endpoint}", self._handler(endpoint))
+        app.router.add_post("/load_lora_adapter_from_tensors", self._from_tensors)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc) -> None:
+        await self.runner.cleanup()
+
+    async def _info(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.version, "tp_size": self.tp_size})
+
+    def _handler(self, endpoint: str):
+        async def handle(request: web.Request) -> web.Response:
+            body = await request.json()
+            self.calls.append(endpoint)
+            self.bodies[endpoint] = body
+            if endpoint == "unload_lora_adapter" and body["lora_name"] not in self.adapters:
+                return web.json_response({"success": False, "error_message": "not loaded"}, status=400)
+            if endpoint == "unload_lora_adapter":
+                del self.adapters[body["lora_name"]]
+            if endpoint == "load_lora_adapter":
+                self.adapters[body["lora_name"]] = {"path": body["lora_path"]}
+            return web.json_response({"success": True})
+
+        return handle
+
+    async def _from_tensors(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append("load_lora_adapter_from_tensors")
+        self.bodies["load_lora_adapter_from_tensors"] = body
+        if self.fail_load:
+            return web.json_response({"success": False, "error_message": "rank too large"}, status=400)
+        new_schema = payload_schema_for(self.version) == "serialized_named_tensors"
+        if new_schema:
+            assert len(body["serialized_named_tensors"]) == self.tp_size
+            blob = body["serialized_named_tensors"][0]
+        else:
+            blob = body["serialized_tensors"]
+        tensors = pickle.load(io.BytesIO(base64.b64decode(blob)))  # same process: shared storage resolves
+        self.adapters[body["lora_name"]] = {"tensors": tensors, "config": body["config_dict"]}
+        return web.json_response({"success": True})
+
+
+def test_schema_by_version():
+    assert payload_schema_for("0.5.15.post1") == "serialized_tensors"
+    assert payload_schema_for("0.5.8") == "serialized_tensors"
+    assert payload_schema_for("0.5.18") == "serialized_named_tensors"
+    assert payload_schema_for("0.5.23rc0") == "serialized_named_tensors"
+    with pytest.raises(AdapterSyncError):
+        payload_schema_for("dev")
+
+
+@pytest.mark.parametrize("version", ["0.5.15.post1", "0.5.23"])
+async def test_tensors_sync_replaces_adapter_between_pause_and_resume(version):
+    fake = FakeSGLang(version)
+    async with fake as url:
+        first = await sync_adapter([url], "math", TENSORS, CONFIG)
+        assert fake.calls == [
+            "pause_generation",
+            "unload_lora_adapter",  # refused: nothing loaded yet, tolerated
+            "load_lora_adapter_from_tensors",
+            "continue_generation",
+        ]
+        updated = {k: v + 1 for k, v in TENSORS.items()}
+        await sync_adapter([url], "math", updated, CONFIG)
+    loaded = fake.adapters["math"]
+    assert loaded["config"] == CONFIG
+    assert all(torch.equal(loaded["tensors"][k], v) for k, v in updated.items())
+    assert first.payload_bytes == sum(t.numel() * 4 for t in TENSORS.values())
+    assert first.schema == payload_schema_for(version)
+
+
+async def test_disk_sync_loads_a_peft_dir(tmp_path):
+    from safetensors.torch import load_file
+
+    fake = FakeSGLang("0.5.15")
+    async with fake as url:
+        result = await sync_adapter([url, url], "search", TENSORS, CONFIG, mode="disk", sync_dir=str(tmp_path))
+    path = fake.adapters["search"]["path"]
+    assert result.schema == "peft_dir" and result.servers == 2
+    written = load_file(f"{path}/adapter_model.safetensors")
+    assert written.keys() == TENSORS.keys()
+    assert fake.calls.count("continue_generation") == 2
+
+
+async def test_refused_load_raises_and_generation_resumes():
+    fake = FakeSGLang("0.5.23", fail_load=True)
+    async with fake as url:
+        with pytest.raises(AdapterSyncError, match="rank too large"):
+            await sync_adapter([url], "retail", TENSORS, CONFIG)
+    assert fake.calls[-1] == "continue_generation"
