@@ -95,6 +95,8 @@ class FakeSGLang:
 
     async def _generate(self, request: web.Request) -> web.Response:
         payload = await request.json()
+        if isinstance(payload.get("text"), str) and "input_ids" not in payload:  # SGLang tokenizes text itself
+            payload["input_ids"] = list(self.tokenizer.encode(payload["text"], add_special_tokens=False))
         if not isinstance(payload.get("input_ids"), list):
             return web.json_response({"error": {"message": "input_ids must be a list of token ids"}}, status=400)
         lora = payload.get("lora_path")
