@@ -1,0 +1,215 @@
+"""The search environment: Search-R1's multi-turn retrieve-then-answer loop as an env plugin.
+
+Each model turn ends with ``<search> query </search>`` (answered with the top-k passages inside
+``<information>``) or ``<answer> text </answer>`` (the episode ends and is scored by exact match or F1
+against the gold answers). Configuration, from the recipe (under slime through
+``--custom-config-path``), all keys optional::
+
+    corpus: /data/wiki-18.jsonl     # JSONL {"id", "contents"}; BM25 index cached beside it
+    retriever_url: http://127.0.0.1:8000/retrieve   # or a Search-R1 server instead of a corpus
+    encoder: my_pkg.enc:encode      # with corpus: dense retrieval (faiss) with this encoder
+    dense_index: /data/e5_Flat.index  # optional prebuilt faiss index for the dense retriever
+    topk: 3                         # passages per search (Search-R1: 3)
+    max_turns: 5                    # model turns per episode (Search-R1: at most 5)
+    reward: em                      # em | f1
+    format_score: 0.0               # Search-R1's structure bonus (their runs: 0.2)
+    max_query_chars: 512            # longer queries get a notice instead of a search
+    instruction: "...{question}..." # wraps bare-question prompts; default Search-R1's; "" = as is
+
+With neither ``corpus`` nor ``retriever_url``, the generated demo corpus is used (and the log says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from aclarena_slime.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score, Task
+
+from . import demo_corpus
+from .protocol import (
+    INSTRUCTION,
+    INVALID_ACTION,
+    STOP_STRINGS,
+    format_information,
+    format_notice,
+    make_prompt,
+    parse_action,
+)
+from .retriever import BM25Retriever, DenseRetriever, RemoteRetriever, Retriever, RetrieverError, load_encoder
+from .reward import REWARDS, exact_match, f1, gold_answers, trajectory_reward
+
+log = logging.getLogger(__name__)
+
+DEMO_PASSAGES = 600
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The env's settings, checked once; defaults follow the Search-R1 paper (top-3, at most 5 turns)."""
+
+    corpus: str | None = None
+    retriever_url: str | None = None
+    encoder: str | None = None
+    dense_index: str | None = None
+    topk: int = 3
+    max_turns: int = 5
+    reward: str = "em"
+    format_score: float = 0.0
+    max_query_chars: int = 512
+    retriever_timeout_s: float = 30.0
+    instruction: str = INSTRUCTION
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> SearchConfig:
+        """Raises ValueError naming the key for unknown keys and bad values."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"search env: unknown config keys {unknown}; known: {sorted(known)}")
+        cfg = cls(**dict(config))
+        for name in ("topk", "max_turns", "max_query_chars"):
+            value = getattr(cfg, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"search env: {name} must be a positive integer, got {value!r}")
+        if cfg.reward not in REWARDS:
+            raise ValueError(f"search env: reward must be one of {REWARDS}, got {cfg.reward!r}")
+        if (
+            isinstance(cfg.format_score, bool)
+            or not isinstance(cfg.format_score, (int, float))
+            or not 0 <= cfg.format_score <= 1
+        ):
+            raise ValueError(f"search env: format_score must be a number in [0, 1], got {cfg.format_score!r}")
+        if cfg.corpus and cfg.retriever_url:
+            raise ValueError("search env: set corpus (embedded retriever) or retriever_url (remote), not both")
+        if not isinstance(cfg.instruction, str) or (cfg.instruction and "{question}" not in cfg.instruction):
+            raise ValueError("search env: instruction must be a string holding {question}, or empty")
+        if (cfg.encoder or cfg.dense_index) and not cfg.corpus:
+            raise ValueError("search env: encoder/dense_index need a corpus")
+        return cfg
+
+
+def build_retriever(cfg: SearchConfig) -> Retriever:
+    """The one place that turns configuration into a retriever (blocking: may build an index)."""
+    if cfg.retriever_url:
+        return RemoteRetriever(cfg.retriever_url, timeout_s=cfg.retriever_timeout_s)
+    if cfg.corpus and cfg.encoder:
+        return DenseRetriever.from_corpus(cfg.corpus, load_encoder(cfg.encoder), index_path=cfg.dense_index)
+    if cfg.corpus:
+        return BM25Retriever.from_corpus(cfg.corpus)
+    log.warning(
+        "search env: no corpus or retriever_url configured; using the generated demo corpus (%d fictional passages)",
+        DEMO_PASSAGES,
+    )
+    return BM25Retriever.from_documents(demo_corpus.generate(DEMO_PASSAGES).passages)
+
+
+class SearchEpisode(Episode):
+    """One question: the model's turns, its searches and its final answer."""
+
+    def __init__(self, env: SearchEnvironment, task: Task, golds: list[str]) -> None:
+        self.env, self.golds = env, golds
+        if isinstance(task.prompt, list):  # already a conversation (e.g. Search-R1's own parquet)
+            messages = [dict(m) for m in task.prompt]
+        else:
+            messages = [{"role": "user", "content": make_prompt(str(task.prompt), env.cfg.instruction)}]
+        self.conversation = Conversation(messages)
+        self.turns = 0
+        self.searches = 0
+        self.invalid_turns = 0
+        self.answer: str | None = None
+
+    async def step(self, text: str) -> Observation | Done:
+        cfg = self.env.cfg
+        self.turns += 1
+        action = parse_action(text)
+        if action.kind == "answer":
+            self.answer = action.content
+            return Done("answer")
+        if self.turns >= cfg.max_turns:  # no further turn would read an observation
+            if action.kind is None:
+                self.invalid_turns += 1
+            return Done("max_turns")
+        if action.kind is None:
+            self.invalid_turns += 1
+            return Observation([{"role": "user", "content": f"\n{INVALID_ACTION}\n"}])
+        query = action.content
+        if not query:
+            self.invalid_turns += 1
+            return self._notice("The search query was empty. Put the query between <search> and </search>.")
+        if len(query) > cfg.max_query_chars:
+            self.invalid_turns += 1
+            return self._notice(
+                f"The search query was {len(query)} characters long; the limit is {cfg.max_query_chars}. "
+                "Search with a few keywords."
+            )
+        self.searches += 1
+        try:
+            [hits] = await (await self.env.retriever()).retrieve([query], cfg.topk)
+        except RetrieverError as exc:
+            raise EpisodeAborted(f"search retriever failed: {exc}") from exc
+        return Observation([{"role": "user", "content": format_information([h.document for h in hits])}])
+
+    def _notice(self, message: str) -> Observation:
+        return Observation([{"role": "user", "content": format_notice(message)}])
+
+    async def score(self) -> Score:
+        cfg = self.env.cfg
+        answer = self.answer
+        em = exact_match(answer, self.golds) if answer is not None else 0.0
+        f1_value = f1(answer, self.golds) if answer is not None else 0.0
+        well_formed = answer is not None and self.invalid_turns == 0
+        correctness = em if cfg.reward == "em" else f1_value
+        reward = trajectory_reward(correctness, well_formed, cfg.format_score)
+        return Score(
+            reward,
+            {
+                "answer": answer,
+                "gold": self.golds,
+                "em": em,
+                "f1": f1_value,
+                "well_formed": well_formed,
+                "turns": self.turns,
+                "searches": self.searches,
+                "invalid_turns": self.invalid_turns,
+            },
+        )
+
+
+class SearchEnvironment(Environment):
+    """Search-R1 question answering with a retriever; tag ``search``."""
+
+    tag = "search"
+    stop = STOP_STRINGS
+    prepare_data = "aclarena_envs.search.data.main"
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self.cfg = SearchConfig.from_mapping(self.config)
+        self.max_turns = self.cfg.max_turns
+        self._retriever: Retriever | None = None
+        self._build_lock = threading.Lock()  # not an asyncio lock: the env may outlive one event loop
+
+    async def retriever(self) -> Retriever:
+        """Built on first use, off the event loop: an index build must not stall other episodes."""
+        if self._retriever is None:
+            await asyncio.to_thread(self._build_once)
+        assert self._retriever is not None
+        return self._retriever
+
+    def _build_once(self) -> None:
+        with self._build_lock:
+            if self._retriever is None:
+                self._retriever = build_retriever(self.cfg)
+
+    async def start(self, task: Task) -> Episode:
+        return SearchEpisode(self, task, gold_answers(task.label_value))
+
+    async def aclose(self) -> None:
+        if self._retriever is not None:
+            await self._retriever.aclose()
+            self._retriever = None
