@@ -83,15 +83,3 @@ def make_app(retriever: Retriever, default_topk: int = 3) -> web.Application:
     app.router.add_post("/retrieve", _retrieve)
     app.router.add_get("/health", _health)
     return app
-
-
-async def start_server(
-    retriever: Retriever, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3
-) -> tuple[web.AppRunner, int]:
-    """Start serving in the running event loop; returns the runner (``await runner.cleanup()``) and the bound port."""
-    runner = web.AppRunner(make_app(retriever, default_topk), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
-    return runner, int(bound)

@@ -1,0 +1,78 @@
+"""``aclarena serve-retriever``: a Search-R1-compatible retrieval server over a JSONL corpus."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+
+from aclarena_slime.cli import CommandError
+from aclarena_slime.http_service import LOOPBACK, serving
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve-retriever",
+        help="serve a corpus over Search-R1's retrieval API (POST /retrieve)",
+        description=(
+            "Serve top-k retrieval over a JSONL corpus ({'id', 'contents'} a line, wiki-18's format) with "
+            "Search-R1's API: POST /retrieve {'queries': [...], 'topk': k, 'return_scores': bool}. BM25 by "
+            "default (index cached beside the corpus); dense with --encoder (needs faiss-cpu)."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", metavar="FILE", help="JSONL corpus to serve")
+    source.add_argument("--demo", action="store_true", help="serve the generated demo corpus (fictional entities)")
+    parser.add_argument("--host", default=LOOPBACK, help="interface to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000, Search-R1's; 0 picks a free one)")
+    parser.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
+    parser.add_argument("--encoder", default=None, metavar="MODULE:FUNC", help="dense retrieval with this encoder")
+    parser.add_argument("--dense-index", default=None, metavar="FILE", help="faiss index to read (or write once built)")
+    parser.add_argument("--json", action="store_true", help="print the listening URL as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aclarena_envs.search.env import SearchConfig, build_retriever
+    from aclarena_envs.search.server import make_app
+
+    if args.topk < 1:
+        raise CommandError(f"--topk must be at least 1, got {args.topk}")
+    try:
+        config = SearchConfig.from_mapping(
+            {"corpus": args.corpus, "topk": args.topk, "encoder": args.encoder, "dense_index": args.dense_index}
+        )
+        started = time.perf_counter()
+        retriever = build_retriever(config)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        raise CommandError(str(exc)) from exc
+    ready_s = time.perf_counter() - started
+    try:
+        asyncio.run(_serve(make_app(retriever, args.topk), retriever, args, ready_s))
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
+    return 0
+
+
+async def _serve(app, retriever, args: argparse.Namespace, ready_s: float) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        async with serving(app, args.host, args.port) as url:
+            endpoint = f"{url}/retrieve"
+            if args.json:
+                print(json.dumps({"url": endpoint, "index_ready_s": round(ready_s, 3)}), flush=True)
+            else:
+                print(f"aclarena retriever listening on {endpoint} (index ready in {ready_s:.1f} s)", flush=True)
+            if args.host != LOOPBACK:
+                print(f"warning: listening on {args.host}, reachable from other machines", file=sys.stderr, flush=True)
+            await stop.wait()
+    finally:
+        await retriever.aclose()
