@@ -147,7 +147,17 @@ class LLMUser(UserSimulator):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LLMUser:
-        known = {"base_url", "model", "api_key_env", "temperature", "max_tokens", "timeout_s", "retries", "backoff_s", "extra_body"}
+        known = {
+            "base_url",
+            "model",
+            "api_key_env",
+            "temperature",
+            "max_tokens",
+            "timeout_s",
+            "retries",
+            "backoff_s",
+            "extra_body",
+        }
         unknown = set(config) - known - {"kind"}
         if unknown:
             raise ValueError(f"unknown user simulator settings {sorted(unknown)}; known: {sorted(known)}")

@@ -12,7 +12,14 @@ REAL_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "ta
 
 
 def _address(zip_code: str) -> dict:
-    return {"address1": "1 Main St", "address2": "", "city": "Springfield", "country": "USA", "state": "IL", "zip": zip_code}
+    return {
+        "address1": "1 Main St",
+        "address2": "",
+        "city": "Springfield",
+        "country": "USA",
+        "state": "IL",
+        "zip": zip_code,
+    }
 
 
 def _order(order_id, user_id, status, items, payments, fulfilled=True):
@@ -28,7 +35,13 @@ def _order(order_id, user_id, status, items, payments, fulfilled=True):
 
 
 def _item(item_id, price, color, product=("T-Shirt", "P1")):
-    return {"name": product[0], "product_id": product[1], "item_id": item_id, "price": price, "options": {"color": color}}
+    return {
+        "name": product[0],
+        "product_id": product[1],
+        "item_id": item_id,
+        "price": price,
+        "options": {"color": color},
+    }
 
 
 MUG = ("Mug", "P2")
@@ -42,7 +55,12 @@ TINY_DB = {
                 "I1": {"item_id": "I1", "options": {"color": "blue"}, "available": True, "price": 10.0},
                 "I2": {"item_id": "I2", "options": {"color": "red"}, "available": True, "price": 12.5},
                 "I3": {"item_id": "I3", "options": {"color": "green"}, "available": False, "price": 11.0},
-                "I6": {"item_id": "I6", "options": {"color": "black"}, "available": True, "price": 30},  # an int, as JSON may hold
+                "I6": {
+                    "item_id": "I6",
+                    "options": {"color": "black"},
+                    "available": True,
+                    "price": 30,
+                },  # an int, as JSON may hold
             },
         },
         "P2": {
@@ -80,10 +98,24 @@ TINY_DB = {
         },
     },
     "orders": {
-        "#W1": _order("#W1", "ann_lee_1", "pending", [_item("I1", 10.0, "blue"), _item("I4", 5.0, "white", MUG)], [(15.0, "gift_card_1")], False),
+        "#W1": _order(
+            "#W1",
+            "ann_lee_1",
+            "pending",
+            [_item("I1", 10.0, "blue"), _item("I4", 5.0, "white", MUG)],
+            [(15.0, "gift_card_1")],
+            False,
+        ),
         "#W2": _order("#W2", "ann_lee_1", "delivered", [_item("I2", 12.5, "red")], [(12.5, "credit_card_1")]),
         "#W3": _order("#W3", "ann_lee_1", "processed", [_item("I5", 6.0, "black", MUG)], [(6.0, "paypal_1")]),
-        "#W4": _order("#W4", "bob_ray_2", "pending", [_item("I1", 10.0, "blue"), _item("I1", 10.0, "blue")], [(20.0, "paypal_2")], False),
+        "#W4": _order(
+            "#W4",
+            "bob_ray_2",
+            "pending",
+            [_item("I1", 10.0, "blue"), _item("I1", 10.0, "blue")],
+            [(20.0, "paypal_2")],
+            False,
+        ),
     },
 }
 
@@ -104,7 +136,10 @@ def _task(task_id, actions, basis=("DB",), communicate=()):
         },
         "initial_state": None,
         "evaluation_criteria": {
-            "actions": [{"action_id": f"{task_id}_{i}", "name": n, "arguments": a, "info": None} for i, (n, a) in enumerate(actions)],
+            "actions": [
+                {"action_id": f"{task_id}_{i}", "name": n, "arguments": a, "info": None}
+                for i, (n, a) in enumerate(actions)
+            ],
             "communicate_info": list(communicate),
             "nl_assertions": ["Agent is polite."],
             "reward_basis": list(basis),
@@ -113,13 +148,29 @@ def _task(task_id, actions, basis=("DB",), communicate=()):
 
 
 CANCEL_W1 = ("cancel_pending_order", {"order_id": "#W1", "reason": "no longer needed"})
-EXCHANGE_W2 = ("exchange_delivered_order_items", {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I1"], "payment_method_id": "gift_card_1"})
+EXCHANGE_W2 = (
+    "exchange_delivered_order_items",
+    {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I1"], "payment_method_id": "gift_card_1"},
+)
 
 TINY_TASKS = [
-    _task("t0", [("find_user_id_by_email", {"email": "ann@example.com"}), ("get_order_details", {"order_id": "#W1"}), CANCEL_W1]),
+    _task(
+        "t0",
+        [
+            ("find_user_id_by_email", {"email": "ann@example.com"}),
+            ("get_order_details", {"order_id": "#W1"}),
+            CANCEL_W1,
+        ],
+    ),
     _task("t1", [EXCHANGE_W2], basis=("DB", "COMMUNICATE"), communicate=["2.5"]),
     # a refused gold action (τ³'s data has some): it is skipped and changes nothing
-    _task("t2", [("get_user_details", {"user_id": "nobody"}), ("modify_user_address", {"user_id": "bob_ray_2", **_address("33333")})]),
+    _task(
+        "t2",
+        [
+            ("get_user_details", {"user_id": "nobody"}),
+            ("modify_user_address", {"user_id": "bob_ray_2", **_address("33333")}),
+        ],
+    ),
 ]
 
 
@@ -127,7 +178,9 @@ def write_data_dir(root: Path, db: dict | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "db.json").write_text(json.dumps(db if db is not None else TINY_DB))
     (root / "tasks.json").write_text(json.dumps(TINY_TASKS))
-    (root / "split_tasks.json").write_text(json.dumps({"train": ["t0", "t2"], "test": ["t1"], "base": ["t0", "t1", "t2"]}))
+    (root / "split_tasks.json").write_text(
+        json.dumps({"train": ["t0", "t2"], "test": ["t1"], "base": ["t0", "t1", "t2"]})
+    )
     (root / "policy.md").write_text("# Tiny retail policy\n\nAuthenticate the user first.\n")
     return root
 

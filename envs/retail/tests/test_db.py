@@ -24,7 +24,9 @@ def test_normalise_fills_defaults_coerces_floats_and_drops_unknown_keys(tiny_db)
     assert isinstance(data["products"]["P1"]["variants"]["I6"]["price"], float)
     assert "warehouse" not in data["products"]["P1"]["variants"]["I1"]
     order = data["orders"]["#W1"]
-    assert order["cancel_reason"] is None and order["exchange_price_difference"] is None and order["return_items"] is None
+    assert (
+        order["cancel_reason"] is None and order["exchange_price_difference"] is None and order["return_items"] is None
+    )
     assert list(order)[:7] == ["order_id", "user_id", "address", "items", "status", "fulfillments", "payment_history"]
     # the dump τ³ would hash: ``30`` and ``30.0`` differ in JSON, so coercion matters for the digest
     assert '"price": 30.0' in json.dumps(data["products"]["P1"]["variants"]["I6"])

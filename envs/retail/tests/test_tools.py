@@ -11,7 +11,14 @@ from aclarena_envs.retail.db import RetailDatabase, canonical_hash
 from aclarena_envs.retail.reward import replay_gold
 from aclarena_envs.retail.tools import TOOL_SPECS, WRITE_TOOLS, RetailTools, tool_schemas
 
-ADDRESS = {"address1": "9 Elm St", "address2": "Apt 3", "city": "Austin", "state": "TX", "country": "USA", "zip": "73301"}
+ADDRESS = {
+    "address1": "9 Elm St",
+    "address2": "Apt 3",
+    "city": "Austin",
+    "state": "TX",
+    "country": "USA",
+    "zip": "73301",
+}
 
 
 @pytest.fixture
@@ -47,8 +54,13 @@ def test_sixteen_tools_with_generated_schemas():
 
 def test_lookups(tools):
     assert call(tools, "find_user_id_by_email", email="ANN@example.com").content == "ann_lee_1"
-    assert call(tools, "find_user_id_by_name_zip", first_name="bob", last_name="RAY", zip="22222").content == "bob_ray_2"
-    assert call(tools, "find_user_id_by_name_zip", first_name="bob", last_name="ray", zip="11111").content == "Error: User not found"
+    assert (
+        call(tools, "find_user_id_by_name_zip", first_name="bob", last_name="RAY", zip="22222").content == "bob_ray_2"
+    )
+    assert (
+        call(tools, "find_user_id_by_name_zip", first_name="bob", last_name="ray", zip="11111").content
+        == "Error: User not found"
+    )
     order = json.loads(call(tools, "get_order_details", order_id="#W2").content)
     assert order["status"] == "delivered" and order["cancel_reason"] is None
     assert json.loads(call(tools, "get_item_details", item_id="I6").content)["price"] == 30.0
@@ -85,33 +97,110 @@ def test_cancel_refunds_gift_card_at_once(tools):
     out = call(tools, "cancel_pending_order", order_id="#W1", reason="ordered by mistake")
     order = json.loads(out.content)
     assert order["status"] == "cancelled" and order["cancel_reason"] == "ordered by mistake"
-    assert order["payment_history"][-1] == {"transaction_type": "refund", "amount": 15.0, "payment_method_id": "gift_card_1"}
+    assert order["payment_history"][-1] == {
+        "transaction_type": "refund",
+        "amount": 15.0,
+        "payment_method_id": "gift_card_1",
+    }
     assert tools.db["users"]["ann_lee_1"]["payment_methods"]["gift_card_1"]["balance"] == 35.0
 
 
 @pytest.mark.parametrize(
     ("name", "arguments", "error"),
     [
-        ("cancel_pending_order", {"order_id": "#W2", "reason": "no longer needed"}, "Non-pending order cannot be cancelled"),
+        (
+            "cancel_pending_order",
+            {"order_id": "#W2", "reason": "no longer needed"},
+            "Non-pending order cannot be cancelled",
+        ),
         ("cancel_pending_order", {"order_id": "#W1", "reason": "too expensive"}, "Invalid reason"),
         ("cancel_pending_order", {"order_id": "W1", "reason": "no longer needed"}, "Order not found"),
-        ("exchange_delivered_order_items", {"order_id": "#W1", "item_ids": [], "new_item_ids": [], "payment_method_id": "paypal_1"}, "Non-delivered order cannot be exchanged"),
-        ("exchange_delivered_order_items", {"order_id": "#W2", "item_ids": ["I2", "I2"], "new_item_ids": ["I1", "I1"], "payment_method_id": "paypal_1"}, "Number of I2 not found."),
-        ("exchange_delivered_order_items", {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": [], "payment_method_id": "paypal_1"}, "The number of items to be exchanged should match."),
-        ("exchange_delivered_order_items", {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I3"], "payment_method_id": "paypal_1"}, "New item I3 not found or available"),
-        ("exchange_delivered_order_items", {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I4"], "payment_method_id": "paypal_1"}, "Variant not found"),
-        ("exchange_delivered_order_items", {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I1"], "payment_method_id": "paypal_2"}, "Payment method not found"),
-        ("modify_pending_order_items", {"order_id": "#W4", "item_ids": ["I1"], "new_item_ids": ["I6"], "payment_method_id": "gift_card_2"}, "Insufficient gift card balance to pay for the new item"),
-        ("modify_pending_order_items", {"order_id": "#W1", "item_ids": ["I1"], "new_item_ids": ["I1"], "payment_method_id": "paypal_1"}, "The new item id should be different from the old item id"),
-        ("modify_pending_order_items", {"order_id": "#W1", "item_ids": ["I9"], "new_item_ids": ["I1"], "payment_method_id": "paypal_1"}, "I9 not found"),
-        ("modify_pending_order_items", {"order_id": "#W1", "item_ids": ["I1"], "new_item_ids": ["I2", "I6"], "payment_method_id": "paypal_1"}, "The number of items to be exchanged should match"),
-        ("modify_pending_order_payment", {"order_id": "#W1", "payment_method_id": "gift_card_1"}, "The new payment method should be different from the current one"),
-        ("modify_pending_order_payment", {"order_id": "#W4", "payment_method_id": "gift_card_2"}, "Insufficient gift card balance to pay for the order"),
-        ("modify_pending_order_payment", {"order_id": "#W3", "payment_method_id": "credit_card_1"}, "Non-pending order cannot be modified"),
+        (
+            "exchange_delivered_order_items",
+            {"order_id": "#W1", "item_ids": [], "new_item_ids": [], "payment_method_id": "paypal_1"},
+            "Non-delivered order cannot be exchanged",
+        ),
+        (
+            "exchange_delivered_order_items",
+            {
+                "order_id": "#W2",
+                "item_ids": ["I2", "I2"],
+                "new_item_ids": ["I1", "I1"],
+                "payment_method_id": "paypal_1",
+            },
+            "Number of I2 not found.",
+        ),
+        (
+            "exchange_delivered_order_items",
+            {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": [], "payment_method_id": "paypal_1"},
+            "The number of items to be exchanged should match.",
+        ),
+        (
+            "exchange_delivered_order_items",
+            {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I3"], "payment_method_id": "paypal_1"},
+            "New item I3 not found or available",
+        ),
+        (
+            "exchange_delivered_order_items",
+            {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I4"], "payment_method_id": "paypal_1"},
+            "Variant not found",
+        ),
+        (
+            "exchange_delivered_order_items",
+            {"order_id": "#W2", "item_ids": ["I2"], "new_item_ids": ["I1"], "payment_method_id": "paypal_2"},
+            "Payment method not found",
+        ),
+        (
+            "modify_pending_order_items",
+            {"order_id": "#W4", "item_ids": ["I1"], "new_item_ids": ["I6"], "payment_method_id": "gift_card_2"},
+            "Insufficient gift card balance to pay for the new item",
+        ),
+        (
+            "modify_pending_order_items",
+            {"order_id": "#W1", "item_ids": ["I1"], "new_item_ids": ["I1"], "payment_method_id": "paypal_1"},
+            "The new item id should be different from the old item id",
+        ),
+        (
+            "modify_pending_order_items",
+            {"order_id": "#W1", "item_ids": ["I9"], "new_item_ids": ["I1"], "payment_method_id": "paypal_1"},
+            "I9 not found",
+        ),
+        (
+            "modify_pending_order_items",
+            {"order_id": "#W1", "item_ids": ["I1"], "new_item_ids": ["I2", "I6"], "payment_method_id": "paypal_1"},
+            "The number of items to be exchanged should match",
+        ),
+        (
+            "modify_pending_order_payment",
+            {"order_id": "#W1", "payment_method_id": "gift_card_1"},
+            "The new payment method should be different from the current one",
+        ),
+        (
+            "modify_pending_order_payment",
+            {"order_id": "#W4", "payment_method_id": "gift_card_2"},
+            "Insufficient gift card balance to pay for the order",
+        ),
+        (
+            "modify_pending_order_payment",
+            {"order_id": "#W3", "payment_method_id": "credit_card_1"},
+            "Non-pending order cannot be modified",
+        ),
         ("modify_pending_order_address", {"order_id": "#W2", **ADDRESS}, "Non-pending order cannot be modified"),
-        ("return_delivered_order_items", {"order_id": "#W2", "item_ids": ["I2"], "payment_method_id": "paypal_1"}, "Payment method should be the original payment method"),
-        ("return_delivered_order_items", {"order_id": "#W2", "item_ids": ["I1"], "payment_method_id": "credit_card_1"}, "Some item not found"),
-        ("return_delivered_order_items", {"order_id": "#W3", "item_ids": ["I5"], "payment_method_id": "paypal_1"}, "Non-delivered order cannot be returned"),
+        (
+            "return_delivered_order_items",
+            {"order_id": "#W2", "item_ids": ["I2"], "payment_method_id": "paypal_1"},
+            "Payment method should be the original payment method",
+        ),
+        (
+            "return_delivered_order_items",
+            {"order_id": "#W2", "item_ids": ["I1"], "payment_method_id": "credit_card_1"},
+            "Some item not found",
+        ),
+        (
+            "return_delivered_order_items",
+            {"order_id": "#W3", "item_ids": ["I5"], "payment_method_id": "paypal_1"},
+            "Non-delivered order cannot be returned",
+        ),
         ("modify_user_address", {"user_id": "nobody", **ADDRESS}, "User not found"),
     ],
 )
@@ -123,7 +212,16 @@ def test_refusals_match_tau3_and_change_nothing(tools, name, arguments, error):
 
 
 def test_exchange_records_request_and_rounded_difference(tools):
-    order = json.loads(call(tools, "exchange_delivered_order_items", order_id="#W2", item_ids=["I2"], new_item_ids=["I6"], payment_method_id="credit_card_1").content)
+    order = json.loads(
+        call(
+            tools,
+            "exchange_delivered_order_items",
+            order_id="#W2",
+            item_ids=["I2"],
+            new_item_ids=["I6"],
+            payment_method_id="credit_card_1",
+        ).content
+    )
     assert order["status"] == "exchange requested"
     assert order["exchange_items"] == ["I2"] and order["exchange_new_items"] == ["I6"]
     assert order["exchange_price_difference"] == 17.5 and order["exchange_payment_method_id"] == "credit_card_1"
@@ -131,26 +229,59 @@ def test_exchange_records_request_and_rounded_difference(tools):
 
 
 def test_modify_items_charges_gift_card_and_copies_last_variant_like_tau3(tools):
-    order = json.loads(call(tools, "modify_pending_order_items", order_id="#W4", item_ids=["I1", "I1"], new_item_ids=["I2", "I6"], payment_method_id="paypal_2").content)
+    order = json.loads(
+        call(
+            tools,
+            "modify_pending_order_items",
+            order_id="#W4",
+            item_ids=["I1", "I1"],
+            new_item_ids=["I2", "I6"],
+            payment_method_id="paypal_2",
+        ).content
+    )
     assert order["status"] == "pending (item modified)"
     assert [i["item_id"] for i in order["items"]] == ["I2", "I6"]
     # τ³ gives every swapped item the price and options of the last new variant
     assert [i["price"] for i in order["items"]] == [30.0, 30.0]
     assert order["items"][0]["options"] == {"color": "black"}
-    assert order["payment_history"][-1] == {"transaction_type": "payment", "amount": 22.5, "payment_method_id": "paypal_2"}
-    result = call(tools, "modify_pending_order_items", order_id="#W4", item_ids=["I2"], new_item_ids=["I1"], payment_method_id="paypal_2")
+    assert order["payment_history"][-1] == {
+        "transaction_type": "payment",
+        "amount": 22.5,
+        "payment_method_id": "paypal_2",
+    }
+    result = call(
+        tools,
+        "modify_pending_order_items",
+        order_id="#W4",
+        item_ids=["I2"],
+        new_item_ids=["I1"],
+        payment_method_id="paypal_2",
+    )
     assert result.content == "Error: Non-pending order cannot be modified"  # once per order
 
 
 def test_modify_items_refund_goes_back_to_gift_card(tools):
-    call(tools, "modify_pending_order_items", order_id="#W1", item_ids=["I4"], new_item_ids=["I5"], payment_method_id="gift_card_1")
+    call(
+        tools,
+        "modify_pending_order_items",
+        order_id="#W1",
+        item_ids=["I4"],
+        new_item_ids=["I5"],
+        payment_method_id="gift_card_1",
+    )
     assert tools.db["users"]["ann_lee_1"]["payment_methods"]["gift_card_1"]["balance"] == 19.0
-    call(tools, "modify_pending_order_address", order_id="#W1", **ADDRESS)  # "pending (item modified)" still counts as pending
-    assert tools.db["orders"]["#W1"]["address"] == {k: ADDRESS[k] for k in ("address1", "address2", "city", "country", "state", "zip")}
+    call(
+        tools, "modify_pending_order_address", order_id="#W1", **ADDRESS
+    )  # "pending (item modified)" still counts as pending
+    assert tools.db["orders"]["#W1"]["address"] == {
+        k: ADDRESS[k] for k in ("address1", "address2", "city", "country", "state", "zip")
+    }
 
 
 def test_modify_payment_moves_the_charge(tools):
-    order = json.loads(call(tools, "modify_pending_order_payment", order_id="#W1", payment_method_id="credit_card_1").content)
+    order = json.loads(
+        call(tools, "modify_pending_order_payment", order_id="#W1", payment_method_id="credit_card_1").content
+    )
     assert [(p["transaction_type"], p["payment_method_id"]) for p in order["payment_history"]] == [
         ("payment", "gift_card_1"),
         ("payment", "credit_card_1"),
@@ -162,7 +293,11 @@ def test_modify_payment_moves_the_charge(tools):
 
 
 def test_return_and_user_address(tools):
-    order = json.loads(call(tools, "return_delivered_order_items", order_id="#W2", item_ids=["I2"], payment_method_id="gift_card_1").content)
+    order = json.loads(
+        call(
+            tools, "return_delivered_order_items", order_id="#W2", item_ids=["I2"], payment_method_id="gift_card_1"
+        ).content
+    )
     assert order["status"] == "return requested" and order["return_items"] == ["I2"]
     assert order["return_payment_method_id"] == "gift_card_1"
     user = json.loads(call(tools, "modify_user_address", user_id="bob_ray_2", **ADDRESS).content)
@@ -184,7 +319,9 @@ def test_arguments_are_checked_against_the_signature(tools, arguments, error):
 
 
 def test_list_arguments_must_hold_strings(tools):
-    result = tools.call("return_delivered_order_items", {"order_id": "#W2", "item_ids": [2], "payment_method_id": "credit_card_1"})
+    result = tools.call(
+        "return_delivered_order_items", {"order_id": "#W2", "item_ids": [2], "payment_method_id": "credit_card_1"}
+    )
     assert "must be a list of strings" in result.content
     assert tools.call("no_such_tool", {}).content == "Error: Tool 'no_such_tool' not found."
     assert tools.call("get_user_details", ["ann_lee_1"]).error

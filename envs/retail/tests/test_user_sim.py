@@ -43,14 +43,19 @@ class FakeChatServer:
 
 
 def chat(text):
-    return (200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+    return (
+        200,
+        {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]},
+    )
 
 
 async def test_session_plays_the_customer_side(monkeypatch):
     monkeypatch.setenv("SIM_KEY", "secret")
     server = FakeChatServer([chat("<think>I am Ann.</think>Hi, I want to cancel an order."), chat("Yes. ###STOP###")])
     async with serving(server.app()) as url:
-        sim = build_user_simulator({"kind": "llm", "base_url": f"{url}/v1", "model": "user-model", "api_key_env": "SIM_KEY", "max_tokens": 64})
+        sim = build_user_simulator(
+            {"kind": "llm", "base_url": f"{url}/v1", "model": "user-model", "api_key_env": "SIM_KEY", "max_tokens": 64}
+        )
         session = sim.session("Reason for call:\n    cancel #W1")
         first = await session.reply("Hi! How can I help you today?")
         second = await session.reply("Shall I cancel #W1?")
@@ -129,8 +134,20 @@ async def test_scripted_user_then_stop():
 
 
 def test_scenario_text_and_stop_markers():
-    text = scenario_text({"persona": "Terse.", "instructions": {"reason_for_call": "Cancel #W1.", "known_info": None, "task_instructions": "Be brief."}})
-    assert text.splitlines() == ["Persona:", "    Terse.", "Reason for call:", "    Cancel #W1.", "Task instructions:", "    Be brief."]
+    text = scenario_text(
+        {
+            "persona": "Terse.",
+            "instructions": {"reason_for_call": "Cancel #W1.", "known_info": None, "task_instructions": "Be brief."},
+        }
+    )
+    assert text.splitlines() == [
+        "Persona:",
+        "    Terse.",
+        "Reason for call:",
+        "    Cancel #W1.",
+        "Task instructions:",
+        "    Be brief.",
+    ]
     assert stop_reason("ok ###TRANSFER###") == "user_transfer"
     assert stop_reason("###OUT-OF-SCOPE###") == "user_out_of_scope"
     assert stop_reason("thanks, bye") is None
