@@ -215,6 +215,8 @@ def rollout_figures(samples: list[Sample]) -> dict[str, float]:
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "response_len_mean": statistics.fmean(s.response_length for s in usable) if usable else 0.0,
+        "model_token_frac": sum(sum(s.loss_mask or []) for s in usable)
+        / max(sum(s.response_length for s in usable), 1),
         "truncated_frac": sum(s.status is Sample.Status.TRUNCATED for s in usable) / max(len(usable), 1),
         "excluded": float(len(samples) - len(usable)),
     }

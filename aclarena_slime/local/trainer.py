@@ -130,8 +130,13 @@ class LoraTrainer:
         n_tokens = sum(sum(s.loss_mask) for s in usable)
         out = {"samples": float(len(usable)), "loss_tokens": float(n_tokens), "loss": 0.0, "clip_frac": 0.0}
         out["nonzero_adv_frac"] = sum(abs(a) > 1e-8 for a in advantages) / len(usable) if usable else 0.0
-        if not usable or out["nonzero_adv_frac"] == 0.0:
-            out["skipped"] = 1.0  # nothing to learn from: every group had one reward
+        if not usable:
+            out["skipped"] = 1.0
+            return out
+        if out["nonzero_adv_frac"] == 0.0:  # nothing to learn from: every group had one reward
+            with torch.no_grad():
+                out["logprob_mismatch"] = self._mismatch(usable, advantages) / n_tokens
+            out["skipped"] = 1.0
             return out
         self.model.train()
         mismatch = 0.0
@@ -158,6 +163,15 @@ class LoraTrainer:
         out["logprob_mismatch"] = mismatch
         self.model.eval()
         return out
+
+    def _mismatch(self, samples: Sequence[TrainSample], advantages: Sequence[float]) -> float:
+        """Summed |current - rollout| log-prob over loss-mask tokens: ~0 when the plumbing is right."""
+        total = 0.0
+        size = self.settings.micro_batch_size
+        for start in range(0, len(samples), size):
+            new, old, mask, _ = self._batch_log_probs(samples[start : start + size], advantages[start : start + size])
+            total += float(((new - old).abs() * mask).sum())
+        return total
 
     def _batch_log_probs(
         self, batch: Sequence[TrainSample], advantages: Sequence[float]

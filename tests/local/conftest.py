@@ -1,0 +1,50 @@
+"""Shared fixtures for the local backend's tests: one tiny model on disk, one engine model per module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from aclarena_slime.local.generation import MultiLoraModel
+from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    # The tiny model decodes fastest on one thread, and CI shares its cores.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"), with_model=True)
+
+
+@pytest.fixture
+def engine_model(tiny_model_dir: Path) -> MultiLoraModel:
+    return MultiLoraModel.from_pretrained(tiny_model_dir, seed=0)
+
+
+@pytest.fixture(scope="session")
+def adapter_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PEFT adapter with non-zero B, so it changes the model's output."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"]),
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    out = tmp_path_factory.mktemp("adapter") / "expert"
+    model.save_pretrained(out)
+    return out

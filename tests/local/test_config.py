@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+
+from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+
+
+def test_defaults_and_derived_paths(tmp_path):
+    cfg = LocalStageConfig(env="search", output_dir=str(tmp_path))
+    assert cfg.expert_name == "search"
+    assert cfg.adapter_dir == tmp_path / "adapter"
+    assert cfg.metrics_path == tmp_path / "metrics.json"
+    assert cfg.model_source == "tiny"
+    assert LocalStageConfig(env="search", output_dir="o", backbone="/b", model="/m").model_source == "/b"
+
+
+def test_megatron_target_names_become_peft_names():
+    cfg = LocalStageConfig(env="math", output_dir="o", lora_target_modules=["linear_qkv", "linear_fc1", "o_proj"])
+    assert cfg.lora_target_modules == ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "o_proj")
+
+
+def test_round_trip_through_a_mapping():
+    cfg = LocalStageConfig(env="mock", output_dir="o", env_config={"max_turns": 2}, steps=3)
+    assert LocalStageConfig.from_mapping(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("steps", 0, "steps"),
+        ("samples_per_prompt", 1.5, "samples_per_prompt"),
+        ("lr", 0.0, "lr"),
+        ("temperature", 0.0, "temperature"),
+        ("top_p", 1.5, "top_p"),
+        ("lora_dropout", 1.0, "lora_dropout"),
+        ("lora_target_modules", [], "lora_target_modules"),
+        ("engine_port", 70000, "engine_port"),
+        ("env_config", ["x"], "env_config"),
+    ],
+)
+def test_bad_settings_are_named(field, value, words):
+    with pytest.raises(LocalConfigError, match=words):
+        LocalStageConfig(env="math", output_dir="o", **{field: value})
+
+
+def test_unknown_keys_are_named():
+    with pytest.raises(LocalConfigError, match="stepz"):
+        LocalStageConfig.from_mapping({"env": "math", "output_dir": "o", "stepz": 3})
