@@ -6,13 +6,17 @@ Slime hooks (dotted paths for slime's command line) live in :mod:`aclarena_slime
 from .config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
 from .export import export_peft
 from .layers import adapters_disabled, inject_lora, set_adapters_enabled
+from .sync import AdapterSyncError, SyncResult, sync_adapter
 
 __all__ = [
     "ADAPTER_PARAM_PATTERN",
+    "AdapterSyncError",
     "LoraConfig",
     "LoraConfigError",
     "adapters_disabled",
     "export_peft",
     "inject_lora",
     "set_adapters_enabled",
+    "sync_adapter",
+    "SyncResult",
 ]
