@@ -1,0 +1,83 @@
+"""PNG figures: the forgetting heatmap, per-domain curves across stages, entropy-vs-stability curves.
+
+Matplotlib with the Agg backend (no display needed); each function writes one file and returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+import numpy as np  # noqa: E402
+
+from aclarena_slime.analysis.forgetting import ForgettingMatrix  # noqa: E402
+
+
+def _rows(matrix: ForgettingMatrix) -> tuple[list[str], np.ndarray]:
+    labels = (["base"] if matrix.base is not None else []) + list(matrix.stages)
+    rows = ([matrix.base] if matrix.base is not None else []) + list(matrix.values)
+    return labels, np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=float)
+
+
+def heatmap(matrix: ForgettingMatrix, path: str | Path, titles: Mapping[str, str] | None = None) -> Path:
+    """Stage × domain accuracy, one annotated cell each; missing cells blank."""
+    labels, data = _rows(matrix)
+    columns = [(titles or {}).get(d, d) for d in matrix.domains]
+    fig, ax = plt.subplots(figsize=(1.3 * len(columns) + 2.5, 0.6 * len(labels) + 1.8))
+    image = ax.imshow(
+        np.ma.masked_invalid(data), cmap="viridis", aspect="auto", vmin=0, vmax=max(100.0, np.nanmax(data))
+    )
+    ax.set_xticks(range(len(columns)), labels=columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(labels)), labels=labels)
+    for (i, j), value in np.ndenumerate(data):
+        if not np.isnan(value):
+            ax.text(j, i, f"{value:.1f}", ha="center", va="center", color="white" if value < 60 else "black")
+    ax.set_xlabel("evaluated domain")
+    ax.set_ylabel("after stage")
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def domain_curves(matrix: ForgettingMatrix, path: str | Path, titles: Mapping[str, str] | None = None) -> Path:
+    """One line per domain: accuracy after each stage (base first when known)."""
+    labels, data = _rows(matrix)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(labels) + 2), 4))
+    for j, domain in enumerate(matrix.domains):
+        ax.plot(range(len(labels)), data[:, j], marker="o", label=(titles or {}).get(domain, domain))
+    ax.set_xticks(range(len(labels)), labels=labels, rotation=20, ha="right")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("accuracy per domain across the curriculum")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def stability_by_entropy(curves: Sequence[tuple[str, Sequence[float], Sequence[float]]], path: str | Path) -> Path:
+    """Share of tokens whose top choice survives the next stage, per entropy bin; one line per stage pair.
+
+    ``curves``: ``(label, bin centres in nats, stable share in percent)``.
+    """
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, centres, stable in curves:
+        ax.plot(centres, stable, marker="o", label=label)
+    ax.set_xlabel("token entropy under checkpoint k (nats)")
+    ax.set_ylabel("top choice unchanged at k+1 (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,214 @@
+"""``aclarena eval``: evaluate a model on a suite, emit slime's eval config, build the forgetting matrix."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from aclarena_slime.cli import CommandError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval", help="evaluation suites, forgetting matrix, paper tables", description=__doc__
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    run = actions.add_parser(
+        "run",
+        help="evaluate a model on a suite through any SGLang-speaking endpoint",
+        description="Run every dataset of SUITE through its environment against ENDPOINT (SGLang, the router, "
+        "or the local engine); with experts, each domain's requests carry its expert's lora_path. Writes "
+        "OUT/samples/<dataset>.jsonl (one line per sample) and OUT/summary.json.",
+    )
+    run.add_argument("suite", type=Path, help="eval suite YAML (recipes/eval/*.yaml)")
+    run.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:30000")
+    run.add_argument("--tokenizer", required=True, help="the model's tokenizer directory (as args.hf_checkpoint)")
+    run.add_argument("--out", type=Path, required=True, help="results folder")
+    run.add_argument("--data-root", type=Path, default=Path("."), help="folder that relative dataset paths start from")
+    experts = run.add_mutually_exclusive_group()
+    experts.add_argument("--experts", type=Path, help="experts.json: route each env tag to its LoRA expert")
+    experts.add_argument("--expert", action="append", default=[], metavar="TAG=ADAPTER", help="one route (repeatable)")
+    run.add_argument("--base-for-missing-expert", action="store_true", help="domains without an expert use the base")
+    run.add_argument("--stage", help="curriculum stage this model is the output of (a row of the matrix)")
+    run.add_argument("--only", nargs="+", metavar="DATASET", help="evaluate only these datasets")
+    run.add_argument("--limit", type=int, help="first N records of every dataset (smoke runs)")
+    run.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
+    run.add_argument(
+        "--resume", action="store_true", help="continue a stopped run in OUT, redoing only what is missing"
+    )
+    run.add_argument("--no-tokens", action="store_true", help="do not keep token ids per sample")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.set_defaults(handler=run_command)
+
+    config = actions.add_parser(
+        "slime-config",
+        help="write slime's --eval-config YAML for a suite",
+        description="Write the --eval-config YAML that makes slime run SUITE's datasets during training "
+        "through aclarena's generate/reward functions.",
+    )
+    config.add_argument("suite", type=Path)
+    config.add_argument("-o", "--output", type=Path, required=True)
+    config.add_argument(
+        "--data-root", type=Path, default=Path("."), help="folder that relative dataset paths start from"
+    )
+    config.set_defaults(handler=slime_config_command)
+
+    matrix = actions.add_parser(
+        "matrix",
+        help="forgetting matrix, BWT/FWT, paper-style tables and plots from eval summaries",
+        description="Build the stage x domain accuracy matrix from a curriculum manifest or from eval summaries "
+        "given in stage order; write matrix.json, forgetting.{md,csv,tex}, results.{md,csv,tex}, heatmap.png "
+        "and curves.png to OUT.",
+    )
+    matrix.add_argument("summaries", nargs="*", type=Path, help="summary.json per stage, in training order")
+    matrix.add_argument("--manifest", type=Path, help="curriculum manifest listing stages and their eval summaries")
+    matrix.add_argument("--base", type=Path, help="summary of the initial model (enables FWT)")
+    matrix.add_argument("--oracle", action="append", default=[], metavar="DOMAIN=SUMMARY", help="per-task oracle")
+    matrix.add_argument("--mopd", type=Path, help="summary of the multi-teacher OPD model")
+    matrix.add_argument("--mle", type=Path, help="summary of the mixture of LoRA experts")
+    matrix.add_argument("--columns", default="domains", help="domains | datasets | comma list (table columns)")
+    matrix.add_argument("--reference", default="paper", help="'paper', 'none', or a reference JSON file")
+    matrix.add_argument("--out", type=Path, required=True)
+    matrix.add_argument("--json", action="store_true", help="print the matrix and metrics as JSON")
+    matrix.set_defaults(handler=matrix_command)
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise CommandError(f"{flag} expects KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from aclarena_slime.evaluation import ResultsExist, RunSettings, SuiteError, load_suite, run_suite
+    from aclarena_slime.evaluation.records import DatasetError
+    from aclarena_slime.experts import ExpertError, ExpertTable
+    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment
+    from aclarena_slime.sglang_client import SGLangClient, SGLangError, close_sessions
+
+    try:
+        suite = load_suite(args.suite).select(args.only).with_limit(args.limit)
+        experts = None
+        if args.experts:
+            experts = ExpertTable.load(args.experts)
+        elif args.expert:
+            experts = ExpertTable.from_mapping(_pairs(args.expert, "--expert"))
+    except (SuiteError, ExpertError) as exc:
+        raise CommandError(str(exc)) from exc
+    tokenizer = _tokenizer(args.tokenizer)
+    settings = RunSettings(
+        out_dir=args.out,
+        data_root=args.data_root,
+        stage=args.stage,
+        concurrency=args.concurrency,
+        resume=args.resume,
+        save_tokens=not args.no_tokens,
+        base_for_missing_expert=args.base_for_missing_expert,
+    )
+    info = {"endpoint": args.endpoint, "tokenizer": str(args.tokenizer), "experts": str(args.experts or args.expert)}
+    console = Console(stderr=True)
+
+    async def main() -> dict[str, Any]:
+        try:
+            with Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                console=console, disable=args.json or not console.is_terminal,
+            ) as progress:  # fmt: skip
+                return await run_suite(
+                    suite, SGLangClient(args.endpoint), tokenizer, settings, experts, progress, model_info=info
+                )
+        finally:
+            await close_sessions()
+
+    try:
+        summary = asyncio.run(main())
+    except (SuiteError, DatasetError, ResultsExist, UnknownEnvironment, PluginLoadError) as exc:
+        raise CommandError(str(exc)) from exc
+    except SGLangError as exc:
+        raise CommandError(f"{exc} (results so far are kept; rerun with --resume)") from exc
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot load a tokenizer from {path}: {exc}") from exc
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    """A human-readable table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"suite {summary['suite']}" + (f", stage {summary['stage']}" if summary.get("stage") else ""))
+    for column in ("dataset", "domain", "expert", "accuracy %", "pass@n %", "prompts×n", "unscored"):
+        table.add_column(column)
+    for name, d in summary["datasets"].items():
+        table.add_row(
+            name, d["domain"], d["lora_path"] or "base", f"{d['accuracy']:.2f}", f"{d['pass_at_n']:.2f}",
+            f"{d['n_prompts']}×{d['n_samples_per_prompt']}", str(d["n_unscored"]),
+        )  # fmt: skip
+    Console().print(table)
+
+
+def slime_config_command(args: argparse.Namespace) -> int:
+    from aclarena_slime.evaluation import SuiteError, load_suite, write_slime_eval_config
+
+    try:
+        suite = load_suite(args.suite)
+    except SuiteError as exc:
+        raise CommandError(str(exc)) from exc
+    print(write_slime_eval_config(suite, args.output, args.data_root.resolve()))
+    return 0
+
+
+def matrix_command(args: argparse.Namespace) -> int:
+    from aclarena_slime.analysis.forgetting import MatrixError
+    from aclarena_slime.analysis.report import table_columns, write_forgetting_report
+    from aclarena_slime.analysis.sources import SourceError, from_manifest, from_summaries, load_summary
+    from aclarena_slime.analysis.tables import PAPER_REFERENCE, load_reference
+
+    if bool(args.manifest) == bool(args.summaries):
+        raise CommandError("give either --manifest or the stage summaries in order, not both or neither")
+    try:
+        curriculum = from_manifest(args.manifest) if args.manifest else from_summaries(args.summaries, args.base)
+        if args.manifest and args.base:
+            curriculum = type(curriculum)(curriculum.stages, load_summary(args.base, stage="base"), curriculum.missing)
+        oracles = {d: load_summary(p, trained=d) for d, p in _pairs(args.oracle, "--oracle").items()}
+        methods = [(key, label, load_summary(path)) for key, label, path in
+                   (("mopd", "MOPD", args.mopd), ("mle", "MLE (ours)", args.mle)) if path]  # fmt: skip
+        reference = None
+        if args.reference != "none":
+            reference = load_reference(PAPER_REFERENCE if args.reference == "paper" else args.reference)
+        report = write_forgetting_report(
+            curriculum, args.out, table_columns(curriculum, args.columns), oracles, methods, reference
+        )
+    except (SourceError, MatrixError, OSError, json.JSONDecodeError) as exc:
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print((args.out / "forgetting.md").read_text())
+    print((args.out / "results.md").read_text())
+    if curriculum.missing:
+        print(f"stages without an eval summary yet: {', '.join(curriculum.missing)}", file=sys.stderr)
+    return 0
