@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
@@ -46,3 +48,20 @@ def test_bad_settings_are_named(field, value, words):
 def test_unknown_keys_are_named():
     with pytest.raises(LocalConfigError, match="stepz"):
         LocalStageConfig.from_mapping({"env": "math", "output_dir": "o", "stepz": 3})
+
+
+def test_cli_builds_the_config_and_names_bad_settings():
+    from aclarena_slime.cli import CommandError
+    from aclarena_slime.cli.local import config_from_args
+
+    def args(*sets, env_config="{}"):
+        return SimpleNamespace(env="math", output_dir="o", model="tiny", steps=3, env_config=env_config, set=list(sets))
+
+    cfg = config_from_args(args("lr=0.01", 'lora_target_modules=["q_proj"]', "adapter_name=m1"))
+    assert (cfg.steps, cfg.lr, cfg.lora_target_modules, cfg.expert_name) == (3, 0.01, ("q_proj",), "m1")
+    with pytest.raises(CommandError, match="KEY=VALUE"):
+        config_from_args(args("nonsense=1"))
+    with pytest.raises(CommandError, match="lr"):
+        config_from_args(args("lr=-1"))
+    with pytest.raises(CommandError, match="env-config"):
+        config_from_args(args(env_config="{x"))
