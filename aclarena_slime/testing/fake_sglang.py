@@ -74,7 +74,7 @@ class FakeSGLang:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await self._shut()
 
     async def start(self) -> None:
         """Serve (again): on a free port the first time, on the same port after :meth:`stop`."""
@@ -84,10 +84,13 @@ class FakeSGLang:
 
     async def stop(self) -> None:
         """Go down like a killed server: connections refused, loaded adapters forgotten."""
+        await self._shut()
+        self.adapters.clear()
+
+    async def _shut(self) -> None:
         if self._stack is not None:
             await self._stack.aclose()
             self._stack = None
-        self.adapters.clear()
 
     def _next_reply(self, payload: dict[str, Any]) -> Reply:
         reply = self._replies(payload) if callable(self._replies) else next(self._replies)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 import pytest
 
@@ -194,3 +195,27 @@ async def test_models_lists_base_and_experts(tiny_tokenizer, manifest):
         async with http.get(f"{url}/v1/models") as resp:
             ids = [m["id"] for m in (await resp.json())["data"]]
     assert ids == ["qwen3-8b-sdft"] + [f"qwen3-8b-sdft:{t}" for t in sorted(TAGS)]
+
+
+async def test_serve_router_command_end_to_end(tiny_tokenizer, manifest):
+    async with FakeSGLang(tiny_tokenizer, ["ok"]) as engine:
+        cmd = [sys.executable, "-m", "aclarena_slime", "serve-router", "--engine", engine.url]
+        cmd += ["--experts", str(manifest), "--port", "0", "--api-key", "k"]
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE)
+        try:
+            line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+            assert line.startswith("aclarena router listening on http://127.0.0.1:")
+            url = line.split(" on ")[1].strip()
+            async with client() as http:
+                status, out = await post(
+                    http,
+                    f"{url}/v1/chat/completions",
+                    {"model": "qwen3-8b-sdft:retail", "messages": []},
+                    Authorization="Bearer k",
+                )
+        finally:
+            proc.terminate()
+            assert await proc.wait() == 0, "SIGTERM stops the router cleanly"
+        assert set(engine.adapters) == {f"{t}-expert" for t in TAGS}
+    assert status == 200 and out["choices"][0]["message"]["content"] == "ok"
+    assert engine.requests[-1]["model"] == "qwen3-8b-sdft:retail-expert"
