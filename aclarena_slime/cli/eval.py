@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     experts = run.add_mutually_exclusive_group()
     experts.add_argument("--experts", type=Path, help="experts.json: route each env tag to its LoRA expert")
     experts.add_argument("--expert", action="append", default=[], metavar="TAG=ADAPTER", help="one route (repeatable)")
+    run.add_argument("--load-experts", action="store_true", help="load the manifest's adapters into the endpoint first")
     run.add_argument("--base-for-missing-expert", action="store_true", help="domains without an expert use the base")
     run.add_argument("--stage", help="curriculum stage this model is the output of (a row of the matrix)")
     run.add_argument("--only", nargs="+", metavar="DATASET", help="evaluate only these datasets")
@@ -92,7 +93,7 @@ def run_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from aclarena_slime.evaluation import ResultsExist, RunSettings, SuiteError, load_suite, run_suite
+    from aclarena_slime.evaluation import ResultsExist, RunSettings, SuiteError, load_experts, load_suite, run_suite
     from aclarena_slime.evaluation.records import DatasetError
     from aclarena_slime.experts import ExpertError, ExpertTable
     from aclarena_slime.registry import PluginLoadError, UnknownEnvironment
@@ -121,14 +122,15 @@ def run_command(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
 
     async def main() -> dict[str, Any]:
+        client = SGLangClient(args.endpoint)
         try:
+            if args.load_experts and experts is not None:
+                await load_experts(client, experts)
             with Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                 console=console, disable=args.json or not console.is_terminal,
             ) as progress:  # fmt: skip
-                return await run_suite(
-                    suite, SGLangClient(args.endpoint), tokenizer, settings, experts, progress, model_info=info
-                )
+                return await run_suite(suite, client, tokenizer, settings, experts, progress, model_info=info)
         finally:
             await close_sessions()
 

@@ -120,6 +120,17 @@ async def run_suite(
     return summary
 
 
+async def load_experts(client: SGLangClient, experts: ExpertTable) -> list[str]:
+    """Load every expert that has a path into the endpoint (one SGLang server with ``--enable-lora``, or
+    the local engine); returns the adapter names loaded. Behind a router the router does this instead."""
+    loaded = []
+    for expert in experts.experts.values():
+        if expert.path is not None and expert.adapter not in loaded:
+            await client.load_lora_adapter(expert.adapter, str(expert.path))
+            loaded.append(expert.adapter)
+    return loaded
+
+
 def _plan(dataset: EvalDataset, settings: RunSettings, experts: ExpertTable | None) -> _Plan:
     tasks = read_tasks(dataset.resolved_path(settings.data_root), dataset.env, dataset.limit)
     lora_path = None
