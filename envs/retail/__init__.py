@@ -1,0 +1,1 @@
+"""τ³-Retail environment plugin (tag ``retail``): tools, database, user simulator, reward; see README.md."""
