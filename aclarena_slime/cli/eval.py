@@ -26,14 +26,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "OUT/samples/<dataset>.jsonl (one line per sample) and OUT/summary.json.",
     )
     run.add_argument("suite", type=Path, help="eval suite YAML (recipes/eval/*.yaml)")
-    run.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:30000")
-    run.add_argument("--tokenizer", required=True, help="the model's tokenizer directory (as args.hf_checkpoint)")
+    target = run.add_mutually_exclusive_group(required=True)
+    target.add_argument("--endpoint", help="base URL, e.g. http://127.0.0.1:30000")
+    target.add_argument("--local-model", type=Path, help="HF model folder: serve it here on the local engine (CPU)")
+    run.add_argument("--tokenizer", help="the model's tokenizer folder (default: --local-model)")
     run.add_argument("--out", type=Path, required=True, help="results folder")
     run.add_argument("--data-root", type=Path, default=Path("."), help="folder that relative dataset paths start from")
     experts = run.add_mutually_exclusive_group()
     experts.add_argument("--experts", type=Path, help="experts.json: route each env tag to its LoRA expert")
     experts.add_argument("--expert", action="append", default=[], metavar="TAG=ADAPTER", help="one route (repeatable)")
-    run.add_argument("--load-experts", action="store_true", help="load the manifest's adapters into the endpoint first")
+    run.add_argument(
+        "--load-experts",
+        action="store_true",
+        help="load the manifest's adapters into the endpoint first (always local)",
+    )
     run.add_argument("--base-for-missing-expert", action="store_true", help="domains without an expert use the base")
     run.add_argument("--stage", help="curriculum stage this model is the output of (a row of the matrix)")
     run.add_argument("--only", nargs="+", metavar="DATASET", help="evaluate only these datasets")
@@ -108,7 +114,9 @@ def run_command(args: argparse.Namespace) -> int:
             experts = ExpertTable.from_mapping(_pairs(args.expert, "--expert"))
     except (SuiteError, ExpertError) as exc:
         raise CommandError(str(exc)) from exc
-    tokenizer = _tokenizer(args.tokenizer)
+    if not (args.tokenizer or args.local_model):
+        raise CommandError("--tokenizer is required with --endpoint")
+    tokenizer = _tokenizer(args.tokenizer or args.local_model)
     settings = RunSettings(
         out_dir=args.out,
         data_root=args.data_root,
@@ -118,19 +126,32 @@ def run_command(args: argparse.Namespace) -> int:
         save_tokens=not args.no_tokens,
         base_for_missing_expert=args.base_for_missing_expert,
     )
-    info = {"endpoint": args.endpoint, "tokenizer": str(args.tokenizer), "experts": str(args.experts or args.expert)}
+    info = {
+        "endpoint": args.endpoint or f"local:{args.local_model}",
+        "tokenizer": str(args.tokenizer or args.local_model),
+        "experts": str(args.experts or args.expert),
+    }
     console = Console(stderr=True)
 
+    async def evaluate(url: str) -> dict[str, Any]:
+        client = SGLangClient(url)
+        if (args.load_experts or args.local_model) and experts is not None:
+            await load_experts(client, experts)
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            console=console, disable=args.json or not console.is_terminal,
+        ) as progress:  # fmt: skip
+            return await run_suite(suite, client, tokenizer, settings, experts, progress, model_info=info)
+
     async def main() -> dict[str, Any]:
-        client = SGLangClient(args.endpoint)
         try:
-            if args.load_experts and experts is not None:
-                await load_experts(client, experts)
-            with Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                console=console, disable=args.json or not console.is_terminal,
-            ) as progress:  # fmt: skip
-                return await run_suite(suite, client, tokenizer, settings, experts, progress, model_info=info)
+            if args.endpoint:
+                return await evaluate(args.endpoint)
+            from aclarena_slime.local.engine import LocalEngine
+            from aclarena_slime.local.generation import MultiLoraModel
+
+            async with LocalEngine(MultiLoraModel.from_pretrained(args.local_model)).serve() as url:
+                return await evaluate(url)
         finally:
             await close_sessions()
 

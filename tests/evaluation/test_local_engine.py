@@ -98,3 +98,18 @@ async def test_each_domain_is_answered_by_its_expert(model_dir, tmp_path, one_th
         assert lines[name]["response_ids"] == answers[name, routed]
         others = {a for a in (None, "math-expert", "mock-expert") if a != routed}
         assert all(answers[name, a] != answers[name, routed] for a in others), "adapters must answer differently"
+
+
+def test_cli_serves_a_local_model_and_loads_the_manifest_experts(model_dir, tmp_path, one_thread, capsys):
+    from aclarena_slime.cli import main
+
+    _expert(model_dir, tmp_path / "experts" / "mock", seed=2)
+    (tmp_path / "experts.json").write_text(json.dumps({"experts": {"mock": {"adapter": "m", "path": "experts/mock"}}}))
+    (tmp_path / "mock.jsonl").write_text(json.dumps({"prompt": "", "label": "pear"}) + "\n")
+    (tmp_path / "suite.yaml").write_text("datasets:\n  guess: {env: mock, path: mock.jsonl, max_response_len: 8}\n")
+    argv = ["eval", "run", str(tmp_path / "suite.yaml"), "--local-model", str(model_dir), "--json"]
+    argv += ["--experts", str(tmp_path / "experts.json"), "--out", str(tmp_path / "out"), "--data-root", str(tmp_path)]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["datasets"]["guess"]["lora_path"] == "m" and summary["datasets"]["guess"]["n_unscored"] == 0
+    assert summary["model"]["endpoint"] == f"local:{model_dir}"
