@@ -1,0 +1,3 @@
+from aclarena_slime.curriculum.runner import main
+
+raise SystemExit(main())

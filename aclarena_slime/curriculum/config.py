@@ -1,0 +1,83 @@
+"""The curriculum file: which stage recipes run, in what order, and what each starts from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from aclarena_slime.recipes.compose import RecipeError
+
+STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says
+
+
+@dataclass
+class StageEntry:
+    name: str = MISSING  # unique within the curriculum (the manifest's key)
+    recipe: str = MISSING  # a recipe file, relative to the curriculum file's folder or absolute
+    start: str = "previous"  # previous | recipe | the name of an earlier stage
+    expert: str | None = None  # env tag this stage's adapter serves (MLE experts)
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvaluationConfig:
+    """The forgetting-matrix step: a command run after every stage (empty: the step is recorded as skipped).
+
+    Placeholders: ``{stage}``, ``{checkpoint}``, ``{adapter}``, ``{experts}``, ``{out}`` (the folder for
+    this stage's results; its ``summary.json`` goes into the manifest, as ``aclarena eval matrix`` reads it).
+    """
+
+    command: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CurriculumConfig:
+    name: str = MISSING
+    output_dir: str = MISSING
+    overrides: list[str] = field(default_factory=list)  # applied to every stage (e.g. paths.root=..., cluster=...)
+    base: str | None = None  # name of the base model row (for FWT), informational
+    stages: list[StageEntry] = field(default_factory=list)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+
+
+def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> CurriculumConfig:
+    """Read and check a curriculum YAML; ``overrides`` are dotted ``key=value`` pairs on the file."""
+    path = Path(path)
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(CurriculumConfig), OmegaConf.load(path), OmegaConf.from_dotlist(list(overrides))
+        )
+        OmegaConf.resolve(merged)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise RecipeError(f"{path}: required settings have no value: {', '.join(missing)}")
+        config: CurriculumConfig = OmegaConf.to_object(merged)
+    except (OSError, OmegaConfBaseException) as exc:
+        raise RecipeError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    check(config, str(path))
+    return config
+
+
+def check(config: CurriculumConfig, source: str) -> None:
+    if not config.stages:
+        raise RecipeError(f"{source}: a curriculum needs at least one stage")
+    seen: set[str] = set()
+    for number, stage in enumerate(config.stages, 1):
+        if stage.name in seen:
+            raise RecipeError(f"{source}: stage {number} repeats the name {stage.name!r}")
+        if stage.start not in STARTS and stage.start not in seen:
+            raise RecipeError(
+                f"{source}: stage {stage.name!r} starts from {stage.start!r}, which is neither "
+                f"{' nor '.join(STARTS)} nor an earlier stage"
+            )
+        if stage.start == "previous" and number == 1:
+            stage.start = "recipe"  # the first stage starts where its recipe says
+        seen.add(stage.name)
+
+
+def recipe_path(curriculum_file: Path, entry: StageEntry) -> Path:
+    path = Path(entry.recipe)
+    return path if path.is_absolute() else (curriculum_file.resolve().parent / path).resolve()

@@ -1,0 +1,80 @@
+"""The curriculum manifest: stage -> status, checkpoint / adapter, eval summary; env tag -> expert.
+
+Written atomically (temp file + rename) after every change, so a crash leaves the last good state.
+``stages`` is a list in training order with ``name``, ``env`` and ``eval`` per stage: the shape
+``aclarena eval matrix --manifest`` reads. When stages produced experts, ``experts.json`` (the
+expert manifest of DESIGN.md) is written beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+EXPERTS_NAME = "experts.json"
+DONE, RUNNING, FAILED = "done", "running", "failed"
+
+
+@dataclass
+class Manifest:
+    path: Path
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, output_dir: Path, name: str) -> Manifest:
+        path = Path(output_dir) / MANIFEST_NAME
+        if path.exists():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("name") != name:
+                raise ValueError(f"{path} belongs to curriculum {data.get('name')!r}, not {name!r}; use another output_dir")
+            return cls(path, data)
+        return cls(path, {"version": 1, "name": name, "stages": [], "experts": {}})
+
+    def stage(self, name: str) -> dict[str, Any] | None:
+        return next((s for s in self.data["stages"] if s["name"] == name), None)
+
+    def is_done(self, name: str) -> bool:
+        entry = self.stage(name)
+        return entry is not None and entry.get("status") == DONE
+
+    def update_stage(self, name: str, **values: Any) -> dict[str, Any]:
+        entry = self.stage(name)
+        if entry is None:
+            entry = {"name": name}
+            self.data["stages"].append(entry)
+        entry.update(values)
+        self.save()
+        return entry
+
+    def set_expert(self, tag: str, adapter: str, stage: str, base: dict[str, Any] | None) -> None:
+        self.data["experts"][tag] = {"adapter": tag, "path": adapter, "stage": stage}
+        if base is not None:
+            self.data["base"] = base
+        self.save()
+        self.write_experts()
+
+    def write_experts(self) -> None:
+        experts = {
+            "version": 1,
+            "base": self.data.get("base") or {"name": self.data["name"], "path": ""},
+            "experts": self.data["experts"],
+            "default": None,
+        }
+        write_json_atomic(self.path.with_name(EXPERTS_NAME), experts)
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

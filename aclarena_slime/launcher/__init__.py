@@ -1,0 +1,1 @@
+"""The Python side of ``launch/stage.sh``: backend choice, services, Ray head and job, local runs."""

@@ -1,0 +1,3 @@
+from aclarena_slime.launcher.stage import main
+
+raise SystemExit(main())

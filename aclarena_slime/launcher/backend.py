@@ -1,0 +1,52 @@
+"""Which backend runs a stage: slime when slime and a GPU are present, else the local one; always with a reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str  # "slime" or "local"
+    reason: str
+
+
+def slime_available() -> bool:
+    # PyPI's "slime" is an unrelated package; THUDM/slime has slime.rollout.
+    try:
+        return importlib.util.find_spec("slime") is not None and importlib.util.find_spec("slime.rollout") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def choose_backend(requested: str, has_slime: bool | None = None, gpus: int | None = None) -> BackendChoice:
+    """``requested`` is auto | slime | local; what is missing for slime is said, never guessed around."""
+    has_slime = slime_available() if has_slime is None else has_slime
+    gpus = gpu_count() if gpus is None else gpus
+    missing = [what for what, ok in (("slime (THUDM/slime importable)", has_slime), ("a CUDA GPU", gpus > 0)) if not ok]
+    if requested == "local":
+        return BackendChoice("local", "backend=local requested")
+    if requested == "slime":
+        if missing:
+            raise BackendUnavailable(f"backend=slime requested but this machine lacks {' and '.join(missing)}")
+        return BackendChoice("slime", f"backend=slime requested; slime importable, {gpus} GPU(s)")
+    if not missing:
+        return BackendChoice("slime", f"slime importable and {gpus} GPU(s) found")
+    return BackendChoice("local", f"this machine lacks {' and '.join(missing)}")
+
+
+class BackendUnavailable(RuntimeError):
+    pass

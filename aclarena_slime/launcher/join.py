@@ -1,0 +1,25 @@
+"""``bash launch/join.sh HEAD_IP [--port 6379] [--num-gpus N]``: join this node to a running Ray head."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aclarena_slime.launcher.ray_job import RayError, join
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="launch/join.sh", description=__doc__.splitlines()[0])
+    parser.add_argument("head_ip", help="address of the node that ran launch/stage.sh")
+    parser.add_argument("--port", type=int, default=6379, help="the head's Ray port (cluster.ray.port)")
+    parser.add_argument("--num-gpus", type=int, help="GPUs to offer (default: all Ray finds)")
+    args = parser.parse_args(argv)
+    try:
+        return join(args.head_ip, args.port, args.num_gpus)
+    except RayError as exc:
+        print(f"join.sh: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

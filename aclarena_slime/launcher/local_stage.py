@@ -1,0 +1,51 @@
+"""A stage recipe on the local backend: the recipe mapped onto ``LocalStageConfig``, then ``run_stage``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.recipes.schema import StageRecipe
+
+
+def local_settings(recipe: StageRecipe) -> dict[str, Any]:
+    """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word."""
+    if recipe.kind != "rl":
+        raise RecipeError(f"the local backend runs RL stages only; {recipe.name} is kind {recipe.kind!r}")
+    algorithm = recipe.algorithm
+    values: dict[str, Any] = {
+        "env": recipe.data.env,
+        "output_dir": f"{recipe.run_dir}/local",
+        "env_config": dict(recipe.env_config.get(recipe.data.env) or {}),
+        "temperature": recipe.rollout.rollout_temperature,
+        "clip_eps_low": algorithm.eps_clip,
+        "clip_eps_high": algorithm.eps_clip_high if algorithm.eps_clip_high is not None else algorithm.eps_clip,
+    }
+    if recipe.lora.enabled:
+        values.update(
+            lora_rank=recipe.lora.rank,
+            lora_alpha=recipe.lora.alpha,
+            lora_dropout=recipe.lora.dropout,
+            lora_target_modules=tuple(recipe.lora.target_modules),
+            adapter_name=recipe.lora.adapter_name or recipe.data.env,
+        )
+    values.update(recipe.cluster.local)
+    return values
+
+
+def local_config(recipe: StageRecipe) -> Any:
+    from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+
+    try:
+        return LocalStageConfig.from_mapping(local_settings(recipe))
+    except LocalConfigError as exc:
+        raise RecipeError(f"cluster.local: {exc}") from exc
+
+
+def run_local(recipe: StageRecipe) -> dict[str, Any]:
+    """Run the stage on the local backend; returns its metrics and where the adapter is."""
+    from aclarena_slime.local.stage import run_stage
+
+    cfg = local_config(recipe)
+    metrics = run_stage(cfg)
+    return {"metrics": metrics, "adapter": str(cfg.adapter_dir), "output_dir": cfg.output_dir}

@@ -1,0 +1,85 @@
+"""Processes a stage needs beside the trainer (retriever, user simulator): start, wait until ready, stop.
+
+Only processes started here are ever stopped, by the process group this module created for them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunningService:
+    name: str
+    url: str
+    process: subprocess.Popen | None  # None: something already answered there, reused, not ours
+    log_path: Path | None
+
+
+def service_command(service: Any) -> list[str]:
+    return [str(part).replace("{host}", service.host).replace("{port}", str(service.port)) for part in service.command]
+
+
+def is_ready(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL from the recipe
+            return resp.status < 500
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+def start_service(name: str, service: Any, log_dir: Path, poll_s: float = 1.0) -> RunningService:
+    """Start ``service`` unless something already answers at its URL; wait until its ready path answers."""
+    ready_url = service.url.rstrip("/") + service.ready_path
+    if is_ready(ready_url):
+        print(f"[services] {name}: already answering at {service.url}; reusing it")
+        return RunningService(name, service.url, None, None)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    argv = service_command(service)
+    print(f"[services] {name}: starting {' '.join(argv)} (log {log_path})")
+    with open(log_path, "ab") as log:
+        try:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise ServiceError(f"service {name}: cannot start {argv[0]}: {exc}") from exc
+    running = RunningService(name, service.url, process, log_path)
+    deadline = time.monotonic() + service.ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServiceError(f"service {name} exited with status {process.returncode}; see {log_path}")
+        if is_ready(ready_url):
+            print(f"[services] {name}: ready at {service.url}")
+            return running
+        time.sleep(poll_s)
+    stop_service(running)
+    raise ServiceError(f"service {name} not ready at {ready_url} after {service.ready_timeout_s:.0f}s; see {log_path}")
+
+
+def stop_service(running: RunningService, grace_s: float = 10.0) -> None:
+    """Stop a service this module started (its own process group); a reused one is left alone."""
+    process = running.process
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,118 @@
+"""``bash launch/stage.sh RECIPE [overrides...] [--dry-run]``: one stage, on slime or on the local backend.
+
+slime: start (or reuse) the Ray head, start the recipe's services, write the custom-config YAML, submit
+the job with the runtime env, stream its logs, stop what was started here, exit with the job's status.
+local: run the recipe's env on the embedded engine (no GPU, no slime) and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend
+from aclarena_slime.recipes.compiler import compile_recipe
+from aclarena_slime.recipes.compose import RecipeError, load_recipe
+from aclarena_slime.recipes.flags import UnknownFlagError
+from aclarena_slime.recipes.schema import StageRecipe
+
+
+@dataclass
+class StageResult:
+    """What a finished stage leaves behind, for the curriculum's lineage."""
+
+    status: int
+    backend: str
+    checkpoint: str | None = None
+    adapter: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def normalise_overrides(overrides: list[str]) -> list[str]:
+    """``backend=X`` is shorthand for ``cluster.backend=X``."""
+    return [f"cluster.{item}" if item.startswith("backend=") else item for item in overrides]
+
+
+def dry_run_text(recipe: StageRecipe, choice: BackendChoice) -> str:
+    command = compile_recipe(recipe)
+    dashboard = f"http://{recipe.cluster.ray.address}:{recipe.cluster.ray.dashboard_port}"
+    lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
+    for name, service in command.services.items():
+        from aclarena_slime.launcher.services import service_command
+
+        lines.append(f"# service {name} at {service.url}: {' '.join(service_command(service))}")
+    lines.append(f"# {command.custom_config_path}:")
+    lines += ["#   " + line for line in json.dumps(command.custom_config, indent=2).splitlines()]
+    lines.append(command.shell(dashboard))
+    if choice.name == "local":
+        from aclarena_slime.launcher.local_stage import local_settings
+
+        lines.append(f"# local backend settings: {json.dumps(local_settings(recipe), default=str)}")
+    return "\n".join(lines)
+
+
+def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
+    """Run one composed stage on the chosen backend (no dry run)."""
+    from aclarena_slime.launcher.services import start_service, stop_service
+
+    log_dir = Path(recipe.run_dir) / "services"
+    started = []
+    try:
+        for name, service in recipe.services.items():
+            started.append(start_service(name, service, log_dir))
+        if choice.name == "local":
+            from aclarena_slime.launcher.local_stage import run_local
+
+            out = run_local(recipe)
+            return StageResult(0, "local", checkpoint=None, adapter=out["adapter"], metrics=out["metrics"])
+        return _run_slime(recipe)
+    finally:
+        for running in reversed(started):
+            stop_service(running)
+
+
+def _run_slime(recipe: StageRecipe) -> StageResult:
+    from aclarena_slime.launcher import ray_job
+
+    command = compile_recipe(recipe)
+    command.write_custom_config()
+    ray = recipe.cluster.ray
+    started_head = ray_job.ensure_head(ray, recipe.cluster.num_gpus_per_node)
+    try:
+        status = ray_job.submit(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
+    finally:
+        if started_head:
+            ray_job.stop_head()
+    adapter = f"{recipe.checkpoint.save}/adapter" if recipe.lora.enabled else None
+    return StageResult(status, "slime", checkpoint=recipe.checkpoint.save, adapter=adapter)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="launch/stage.sh", description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", help="recipes/<stage>.yaml")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm.lr=2e-6 cluster=single_8 backend=local")
+    parser.add_argument("--dry-run", action="store_true", help="print the exact slime command and stop")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        recipe = load_recipe(args.recipe, normalise_overrides(args.overrides))
+        choice = choose_backend(recipe.cluster.backend)
+        print(f"[stage] backend: {choice.name} ({choice.reason})", file=sys.stderr)
+        if args.dry_run:
+            print(dry_run_text(recipe, choice))
+            return 0
+        result = run_recipe(recipe, choice)
+    except (RecipeError, UnknownFlagError, BackendUnavailable) as exc:
+        print(f"stage.sh: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a service, Ray or the local run failed: one line, not a traceback
+        print(f"stage.sh: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return result.status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""Stage recipe -> the exact slime command line, the ``--custom-config-path`` YAML and the Ray runtime env.
+
+Each section of :class:`StageRecipe` becomes flags mechanically (field ``kl_loss_coef`` ->
+``--kl-loss-coef``; ``True`` -> a bare switch; ``False``/``None`` -> left out; a list -> several
+values). Every flag is checked against ``known_flags.txt``; a flag declared twice is an error.
+Settings that slime has no flag for travel in the custom-config YAML, which slime turns into
+attributes of ``args``: ``aclarena_env_config`` ({tag: env settings}), ``aclarena_experts``
+({tag: adapter}) and ``aclarena_lora`` (the LoRA actor's settings, validated by
+:class:`aclarena_slime.lora.config.LoraConfig`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
+from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.recipes.flags import check_flags
+from aclarena_slime.recipes.schema import StageRecipe
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LORA_PROVIDER = "aclarena_slime.lora.provider.model_provider"
+LORA_INIT = "aclarena_slime.lora.provider.megatron_init"
+CUSTOM_CONFIG_NAME = "custom_config.yaml"
+
+
+@dataclass
+class SlimeCommand:
+    """What ``launch/stage.sh`` runs for the slime backend."""
+
+    train_args: list[str]  # after ``python3 <slime>/train.py``
+    custom_config: dict[str, Any]
+    custom_config_path: Path
+    runtime_env: dict[str, Any]
+    train_script: str
+    services: dict[str, Any] = field(default_factory=dict)  # name -> ServiceConfig
+
+    def argv(self) -> list[str]:
+        return ["python3", self.train_script, *self.train_args]
+
+    def submit_argv(self, dashboard: str) -> list[str]:
+        """``ray job submit`` wrapping the training command."""
+        return [
+            "ray", "job", "submit", f"--address={dashboard}",
+            f"--runtime-env-json={json.dumps(self.runtime_env, sort_keys=True)}",
+            "--", *self.argv(),
+        ]  # fmt: skip
+
+    def shell(self, dashboard: str) -> str:
+        return " \\\n  ".join(_shell_groups(self.submit_argv(dashboard)))
+
+    def write_custom_config(self) -> Path:
+        self.custom_config_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.custom_config_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(self.custom_config, sort_keys=False), encoding="utf-8")
+        tmp.replace(self.custom_config_path)
+        return self.custom_config_path
+
+
+class _Flags:
+    """Ordered flags with the recipe key that set each (for error messages and duplicate checks)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, Any, str]] = []
+        self._seen: dict[str, str] = {}
+
+    def add(self, name: str, value: Any, origin: str) -> None:
+        if value is None or value is False:
+            return
+        flag = name if name.startswith("--") else "--" + name.replace("_", "-")
+        if flag in self._seen:
+            raise RecipeError(f"{flag} is set twice: by {self._seen[flag]} and by {origin}")
+        if isinstance(value, Mapping):
+            raise RecipeError(f"{origin}: {flag} takes a value or a list, not a mapping")
+        self._seen[flag] = origin
+        self.items.append((flag, value, origin))
+
+    def add_section(self, values: Mapping[str, Any], origin: str, skip: tuple[str, ...] = ()) -> None:
+        for key, value in values.items():
+            if key not in skip:
+                self.add(key, value, f"{origin}.{key}")
+
+    def argv(self) -> list[str]:
+        check_flags((flag, origin) for flag, _, origin in self.items)
+        out: list[str] = []
+        for flag, value, _ in self.items:
+            out.append(flag)
+            if value is True:
+                continue
+            values = value if isinstance(value, list | tuple) else [value]
+            out.extend(_text(v) for v in values)
+        return out
+
+
+def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
+    """The slime command for one stage; raises :class:`RecipeError` or ``UnknownFlagError``."""
+    flags = _Flags()
+    cluster = recipe.cluster
+    flags.add("actor_num_nodes", cluster.actor_num_nodes, "cluster.actor_num_nodes")
+    flags.add("actor_num_gpus_per_node", cluster.actor_num_gpus_per_node, "cluster.actor_num_gpus_per_node")
+    flags.add("num_gpus_per_node", cluster.num_gpus_per_node, "cluster.num_gpus_per_node")
+    if cluster.rollout_num_gpus:
+        if cluster.colocate:
+            raise RecipeError("cluster.rollout_num_gpus is for a disaggregated layout; set cluster.colocate=false")
+        flags.add("rollout_num_gpus", cluster.rollout_num_gpus, "cluster.rollout_num_gpus")
+    flags.add("colocate", cluster.colocate, "cluster.colocate")
+    flags.add("rollout_num_gpus_per_engine", cluster.rollout_num_gpus_per_engine, "cluster.rollout_num_gpus_per_engine")
+    flags.add_section(recipe.model.architecture, "model.architecture")
+    flags.add("hf_checkpoint", recipe.model.hf_checkpoint, "model.hf_checkpoint")
+    flags.add_section(dataclasses.asdict(recipe.checkpoint), "checkpoint")
+    _data_flags(flags, recipe)
+    if recipe.kind != "sft":
+        flags.add_section(dataclasses.asdict(recipe.rollout), "rollout")
+    else:
+        flags.add("rollout_batch_size", recipe.rollout.rollout_batch_size, "rollout.rollout_batch_size")
+        flags.add("global_batch_size", recipe.rollout.global_batch_size, "rollout.global_batch_size")
+    algorithm = dataclasses.asdict(recipe.algorithm)
+    skip = ("name", "extra") if recipe.kind != "sft" else _SFT_SKIPS
+    flags.add_section(algorithm, "algorithm", skip=skip)
+    flags.add_section(recipe.algorithm.extra, "algorithm.extra")
+    flags.add_section(cluster.perf, "cluster.perf")
+    for key, value in cluster.sglang.items():
+        flags.add("--sglang-" + key.replace("_", "-"), value, f"cluster.sglang.{key}")
+    flags.add_section(dataclasses.asdict(recipe.plugins), "plugins")
+    lora = _lora_settings(recipe, flags)
+    flags.add_section(recipe.extra, "extra")
+    custom_path = Path(recipe.run_dir) / CUSTOM_CONFIG_NAME
+    flags.add("custom_config_path", str(custom_path), "compiler")
+    custom = {"aclarena_env_config": {tag: dict(config or {}) for tag, config in recipe.env_config.items()}}
+    if recipe.experts:
+        custom["aclarena_experts"] = dict(recipe.experts)
+    if lora is not None:
+        custom["aclarena_lora"] = lora
+    for key, value in recipe.custom.items():
+        if not key.startswith("aclarena_") or key in custom:
+            raise RecipeError(f"custom.{key}: custom-config keys start with 'aclarena_' and do not repeat built-in ones")
+        custom[key] = value
+    return SlimeCommand(
+        train_args=flags.argv(),
+        custom_config=custom,
+        custom_config_path=custom_path,
+        runtime_env=runtime_env(recipe),
+        train_script=f"{recipe.paths.slime}/train.py",
+        services=dict(recipe.services),
+    )
+
+
+# SFT (the SDFT backbone) has no policy-gradient settings; only the optimiser's carry over.
+_SFT_SKIPS = (
+    "name", "extra", "advantage_estimator", "use_kl_loss", "kl_loss_coef", "kl_loss_type",
+    "entropy_coef", "eps_clip", "eps_clip_high", "use_tis",
+)  # fmt: skip
+
+
+def _data_flags(flags: _Flags, recipe: StageRecipe) -> None:
+    data = recipe.data
+    flags.add("prompt_data", data.prompt_data, "data.prompt_data")
+    flags.add("input_key", data.input_key, "data.input_key")
+    flags.add("label_key", data.label_key, "data.label_key")
+    flags.add("metadata_key", data.metadata_key, "data.metadata_key")
+    flags.add("apply_chat_template", data.apply_chat_template, "data.apply_chat_template")
+    flags.add("rollout_shuffle", data.rollout_shuffle, "data.rollout_shuffle")
+    if data.eval_prompt_data:
+        pairs = [part for name, path in data.eval_prompt_data.items() for part in (name, path)]
+        flags.add("eval_prompt_data", pairs, "data.eval_prompt_data")
+        flags.add("eval_interval", data.eval_interval, "data.eval_interval")
+
+
+def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
+    """LoRA hooks on the command line; the adapter's settings (validated) for the custom config."""
+    section = recipe.lora
+    if not section.enabled:
+        return None
+    values = {
+        "rank": section.rank,
+        "alpha": section.alpha,
+        "dropout": section.dropout,
+        "target_modules": list(section.target_modules),
+        "adapter_name": section.adapter_name or recipe.data.env,
+        "sync_mode": section.sync_mode,
+        **section.extra,
+    }
+    try:
+        config = LoraConfig.from_mapping(values)
+    except LoraConfigError as exc:
+        raise RecipeError(f"lora: {exc}") from exc
+    # Hook paths and the trainable-parameter pattern as aclarena_slime/lora/provider.py documents them.
+    flags.add("custom_model_provider_path", LORA_PROVIDER, "lora.enabled")
+    flags.add("custom_megatron_init_path", LORA_INIT, "lora.enabled")
+    flags.add("only_train_params_name_list", [ADAPTER_PARAM_PATTERN], "lora.enabled")
+    flags.add("dist_ckpt_strictness", "log_unexpected", "lora.enabled")  # a backbone checkpoint has no adapter keys
+    flags.add("--sglang-enable-lora", True, "lora.enabled")
+    flags.add("--sglang-max-lora-rank", config.rank, "lora.rank")
+    flags.add("--sglang-lora-target-modules", config.hf_target_modules(), "lora.target_modules")
+    out = config.to_dict()
+    out["target_modules"] = list(config.target_modules)
+    return out
+
+
+def runtime_env(recipe: StageRecipe) -> dict[str, Any]:
+    """Ray runtime env: this package and Megatron-LM importable in every actor, plus the recipe's vars."""
+    env = {
+        "PYTHONPATH": f"{REPO_ROOT}:{recipe.paths.megatron}",
+        # From the authors' scripts (WillDreamer/ACLArena, examples/*/run_*.sh) and slime's own.
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    }
+    env.update({k: str(v) for k, v in recipe.cluster.env_vars.items()})
+    return {"env_vars": env}
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _shell_groups(argv: list[str]) -> list[str]:
+    """One flag and its values per line, shell-quoted: what ``--dry-run`` prints."""
+    lines: list[str] = []
+    for arg in argv:
+        quoted = shlex.quote(arg)
+        if arg.startswith("--") or not lines or arg == "--":
+            lines.append(quoted)
+        else:
+            lines[-1] += " " + quoted
+    return lines

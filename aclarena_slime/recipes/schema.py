@@ -1,0 +1,183 @@
+"""The typed shape of a stage recipe: what Hydra composes is merged into these dataclasses.
+
+Field names of the flag-carrying sections are slime's ``args`` names (``kl_loss_coef`` is
+``--kl-loss-coef``), so the compiler maps them mechanically and each value is declared once. A key that
+is not a field is an error (OmegaConf struct mode), naming the key. Free-form flag maps (``extra``,
+``model.architecture``, ``cluster.perf``, ``cluster.sglang``) are checked flag by flag against
+``known_flags.txt`` by the compiler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+BACKENDS = ("auto", "slime", "local")
+KINDS = ("rl", "sft", "mopd")
+
+
+@dataclass
+class PathsConfig:
+    root: str = MISSING  # everything below defaults to folders under it
+    models: str = MISSING
+    data: str = MISSING
+    runs: str = MISSING
+    megatron: str = "/root/Megatron-LM"  # slime's image keeps Megatron-LM here (docker/Dockerfile)
+    slime: str = "/root/slime"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    hf_checkpoint: str = MISSING  # tokenizer + HF config (and SGLang's initial weights)
+    torch_dist: str = MISSING  # the same weights as a Megatron torch_dist checkpoint (--load of a first stage)
+    architecture: dict[str, Any] = field(default_factory=dict)  # Megatron model flags
+
+
+@dataclass
+class RayConfig:
+    address: str = "127.0.0.1"  # the head node as seen from this node
+    port: int = 6379
+    dashboard_port: int = 8265
+    temp_dir: str | None = None
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    backend: str = "auto"  # auto: slime when slime and a GPU are present, else local
+    actor_num_nodes: int = 1
+    actor_num_gpus_per_node: int = 8
+    num_gpus_per_node: int = 8
+    rollout_num_gpus: int | None = None  # None: colocated with the actor
+    colocate: bool = True
+    rollout_num_gpus_per_engine: int = 8
+    perf: dict[str, Any] = field(default_factory=dict)  # parallelism / memory flags
+    sglang: dict[str, Any] = field(default_factory=dict)  # --sglang-<key> flags
+    env_vars: dict[str, str] = field(default_factory=dict)  # into the Ray job's runtime env
+    ray: RayConfig = field(default_factory=RayConfig)
+    local: dict[str, Any] = field(default_factory=dict)  # LocalStageConfig settings (backend local)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = MISSING
+    advantage_estimator: str = "grpo"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    use_tis: bool = False
+    optimizer: str = "adam"
+    lr: float = 1e-6
+    lr_decay_style: str = "constant"
+    min_lr: float | None = None
+    lr_warmup_fraction: float | None = None
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    extra: dict[str, Any] = field(default_factory=dict)  # any further slime / Megatron flags
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
+    adapter_name: str | None = None  # served name of the expert; defaults to the data's env tag
+    sync_mode: str = "tensors"
+    extra: dict[str, Any] = field(default_factory=dict)  # other aclarena_lora settings (LoraConfig fields)
+
+
+@dataclass
+class ServiceConfig:
+    """A process the stage needs beside slime, started by the launcher (loopback by default).
+
+    ``command`` may use ``{host}`` and ``{port}``; ``ready_path`` is polled with GET until it answers.
+    """
+
+    command: list[str] = MISSING
+    host: str = "127.0.0.1"
+    port: int = MISSING
+    ready_path: str = "/health"
+    ready_timeout_s: float = 1800.0
+    url: str = "http://${.host}:${.port}"
+
+
+@dataclass
+class DataConfig:
+    env: str = MISSING  # env tag = metadata.env of the records
+    prompt_data: str = MISSING
+    input_key: str = "prompt"
+    label_key: str | None = "label"
+    metadata_key: str = "metadata"
+    apply_chat_template: bool = False  # our generate renders the chat itself
+    rollout_shuffle: bool = True
+    eval_prompt_data: dict[str, str] = field(default_factory=dict)  # name -> JSONL
+    eval_interval: int | None = None
+
+
+@dataclass
+class RolloutConfig:
+    num_rollout: int = 300
+    rollout_batch_size: int = 64
+    n_samples_per_prompt: int = 8
+    global_batch_size: int = 512
+    rollout_max_response_len: int = 4096
+    rollout_temperature: float = 1.0
+    over_sampling_batch_size: int | None = None
+    dynamic_sampling_filter_path: str | None = None
+    balance_data: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    load: str = MISSING  # Megatron torch_dist folder the stage starts from
+    ref_load: str = "${.load}"
+    save: str = MISSING
+    save_interval: int = 20
+    finetune: bool = True  # weights only: the iteration restarts at 0 in each stage
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+
+
+@dataclass
+class PluginsConfig:
+    """Dotted paths slime loads (``module.attr`` form, never ``module:attr``)."""
+
+    custom_generate_function_path: str | None = "aclarena_slime.rollout.generate"
+    custom_rm_path: str | None = "aclarena_slime.rollout.reward"
+    rollout_function_path: str | None = None
+    data_source_path: str | None = None
+    custom_reward_post_process_path: str | None = None
+
+
+@dataclass
+class StageRecipe:
+    name: str = MISSING
+    kind: str = "rl"
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    lora: LoraSection = field(default_factory=LoraSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    env_config: dict[str, Any] = field(default_factory=dict)  # aclarena_env_config: {tag: env settings}
+    services: dict[str, ServiceConfig] = field(default_factory=dict)  # started by the launcher
+    experts: dict[str, str] = field(default_factory=dict)  # env tag -> adapter, for aclarena_experts
+    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific flags (SDFT's SFT loss, OPD)
+    custom: dict[str, Any] = field(default_factory=dict)  # further aclarena_* attributes for the custom config
+    notes: str = ""  # why this stage exists; printed by --dry-run
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.paths.runs}/{self.name}"

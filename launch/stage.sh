@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run one stage recipe on slime (GPUs + slime present) or on the local backend, saying which and why.
+#   bash launch/stage.sh recipes/stage2_search.yaml                      # run it
+#   bash launch/stage.sh recipes/stage2_search.yaml --dry-run            # print the exact slime command
+#   bash launch/stage.sh recipes/stage1_math.yaml algorithm.lr=2e-6 cluster=single_8 backend=local
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/launch/_python.sh"
+python="$(aclarena_python "$root")"
+exec "$python" -m aclarena_slime.launcher.stage "$@"

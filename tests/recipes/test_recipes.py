@@ -1,0 +1,173 @@
+"""Every YAML under recipes/ composed and validated; the compiler's flags all exist; overrides work."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aclarena_slime.recipes.compiler import compile_recipe
+from aclarena_slime.recipes.compose import GROUPS, RecipeError, load_recipe
+from aclarena_slime.recipes.flags import UnknownFlagError, known_flags
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes"
+STAGE_RECIPES = sorted(RECIPES.glob("*.yaml"))
+GROUP_FILES = sorted(p for g in GROUPS for p in (RECIPES / g).glob("*.yaml"))
+CURRICULA = sorted((RECIPES / "curriculum").glob("*.yaml"))
+EVAL_SUITES = sorted((RECIPES / "eval").glob("*.yaml"))
+# Plugin modules built by other work items, referenced by dotted path before they exist.
+PENDING_PLUGINS = {"aclarena_slime.distill.mopd.teacher_log_probs_reward", "aclarena_slime.distill.sdft.BalancedDataSource"}
+
+
+def compiled(name: str, *overrides: str, tmp: Path):
+    recipe = load_recipe(RECIPES / f"{name}.yaml", [f"paths.root={tmp}", *overrides])
+    return recipe, compile_recipe(recipe)
+
+
+def flag_value(argv: list[str], flag: str) -> list[str]:
+    at = argv.index(flag)
+    values = []
+    for arg in argv[at + 1 :]:
+        if arg.startswith("--"):
+            break
+        values.append(arg)
+    return values
+
+
+def test_every_yaml_under_recipes_is_covered():
+    """No silent skipping: each YAML is a stage recipe, a group option, a curriculum or an eval suite."""
+    covered = set(STAGE_RECIPES) | set(GROUP_FILES) | set(CURRICULA) | set(EVAL_SUITES)
+    every = set(RECIPES.rglob("*.yaml")) | set(RECIPES.rglob("*.yml"))
+    assert every - covered == set()
+    assert len(STAGE_RECIPES) >= 14
+
+
+@pytest.mark.parametrize("path", STAGE_RECIPES + GROUP_FILES + CURRICULA, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_each_yaml_opens_with_the_command_that_runs_it(path: Path):
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and ("launch/stage.sh" in first or "launch/curriculum.sh" in first or "e.g." in first)
+
+
+@pytest.mark.parametrize("path", STAGE_RECIPES, ids=lambda p: p.stem)
+def test_stage_recipe_compiles_to_known_flags(path: Path, tmp_path: Path):
+    recipe, command = compiled(path.stem, tmp=tmp_path)
+    flags = [a for a in command.train_args if a.startswith("--")]
+    assert set(flags) <= known_flags()
+    assert len(flags) == len(set(flags)), "a flag emitted twice"
+    assert flag_value(command.train_args, "--custom-config-path") == [str(tmp_path / "runs" / recipe.name / "custom_config.yaml")]
+    assert flag_value(command.train_args, "--save") == [recipe.checkpoint.save]
+    env_config = command.custom_config["aclarena_env_config"]
+    if recipe.kind != "sft":
+        assert flag_value(command.train_args, "--custom-generate-function-path") == ["aclarena_slime.rollout.generate"]
+        assert recipe.data.env in env_config
+    yaml.safe_dump(command.custom_config)  # plain data only
+    shlex.split(command.shell("http://127.0.0.1:8265").replace("\\\n", " "))
+
+
+@pytest.mark.parametrize("option", GROUP_FILES, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_each_group_option_composes_into_a_stage(option: Path, tmp_path: Path):
+    """Each option is selected explicitly on top of stage2_search, composed, typed and compiled."""
+    group, name = option.parent.name, option.stem
+    tag = yaml.safe_load(option.read_text())["env"] if group == "data" else name
+    overrides = [] if group in ("env", "service") else [f"{group}={name}"]
+    if group == "data" and tag == "mixture":
+        overrides.append("kind=sft")
+    elif group in ("data", "env") and tag != "search":  # stage2_search already has search + retriever
+        overrides.append(f"+env@env_config.{tag}={tag}")
+    if group == "service" and name != "retriever" or tag == "retail":
+        overrides.append("+service@services.user_sim=user_sim")  # the retail env talks to it
+    recipe, command = compiled("stage2_search", *overrides, tmp=tmp_path)
+    assert set(a for a in command.train_args if a.startswith("--")) <= known_flags()
+    if group == "env":
+        assert name in command.custom_config["aclarena_env_config"]
+
+
+@pytest.mark.parametrize("path", EVAL_SUITES, ids=lambda p: p.stem)
+def test_eval_suites_parse(path: Path):
+    from aclarena_slime.evaluation.suite import load_suite
+
+    assert load_suite(path).datasets
+
+
+def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path):
+    recipe, command = compiled("stage2_search", tmp=tmp_path)
+    argv = command.train_args
+    assert flag_value(argv, "--custom-rm-path") == ["aclarena_slime.rollout.reward"]
+    assert flag_value(argv, "--advantage-estimator") == ["gspo"]
+    assert flag_value(argv, "--n-samples-per-prompt") == ["8"]
+    assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "stage1_math" / "checkpoint")]
+    retriever = command.services["retriever"]
+    assert command.custom_config["aclarena_env_config"]["search"]["retriever_url"] == retriever.url == "http://127.0.0.1:8000"
+
+
+def test_override_changes_the_emitted_flag(tmp_path: Path):
+    _, command = compiled("stage1_math", "algorithm.lr=3e-6", "rollout.n_samples_per_prompt=4", tmp=tmp_path)
+    assert flag_value(command.train_args, "--lr") == ["3e-06"]
+    assert flag_value(command.train_args, "--n-samples-per-prompt") == ["4"]
+    _, command = compiled("stage1_math", "cluster=single_8", tmp=tmp_path)
+    assert flag_value(command.train_args, "--actor-num-nodes") == ["1"]
+
+
+def test_unknown_key_fails_naming_it(tmp_path: Path):
+    with pytest.raises(RecipeError, match="kl_coeff"):
+        compiled("stage1_math", "algorithm.kl_coeff=0.1", tmp=tmp_path)
+    with pytest.raises(RecipeError, match="lr_typo"):
+        compiled("stage1_math", "+algorithm.lr_typo=0.1", tmp=tmp_path)
+
+
+def test_unknown_flag_in_a_free_form_section_fails_naming_it(tmp_path: Path):
+    with pytest.raises(UnknownFlagError, match="algorithm.extra.use_kl_los.*--use-kl-loss"):
+        compiled("stage1_math", "+algorithm.extra.use_kl_los=true", tmp=tmp_path)
+
+
+def test_a_flag_set_twice_is_an_error(tmp_path: Path):
+    with pytest.raises(RecipeError, match="--lr is set twice"):
+        compiled("stage1_math", "+extra.lr=1e-5", tmp=tmp_path)
+
+
+def test_mle_recipe_carries_lora_hooks_and_settings(tmp_path: Path):
+    from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN, LoraConfig
+
+    recipe, command = compiled("mle_search", tmp=tmp_path)
+    argv = command.train_args
+    assert flag_value(argv, "--custom-model-provider-path") == ["aclarena_slime.lora.provider.model_provider"]
+    assert flag_value(argv, "--only-train-params-name-list") == [ADAPTER_PARAM_PATTERN]
+    assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "sdft_backbone" / "checkpoint")]
+    lora = LoraConfig.from_mapping(command.custom_config["aclarena_lora"])
+    assert (lora.rank, lora.alpha, lora.adapter_name) == (16, 32.0, "search")
+
+
+def test_bad_lora_setting_names_it(tmp_path: Path):
+    with pytest.raises(RecipeError, match="rank"):
+        compiled("mle_math", "lora.rank=0", tmp=tmp_path)
+
+
+def test_sdft_and_mopd_reference_the_distillation_plugins(tmp_path: Path):
+    _, sdft = compiled("sdft_backbone", tmp=tmp_path)
+    assert flag_value(sdft.train_args, "--data-source-path") == ["aclarena_slime.distill.sdft.BalancedDataSource"]
+    assert "--custom-generate-function-path" not in sdft.train_args
+    assert "--advantage-estimator" not in sdft.train_args
+    _, mopd = compiled("mopd", tmp=tmp_path)
+    assert flag_value(mopd.train_args, "--custom-rm-path") == ["aclarena_slime.distill.mopd.teacher_log_probs_reward"]
+    assert set(mopd.custom_config["aclarena_env_config"]) == {"math", "search", "retail"}
+    assert set(mopd.services) == {"retriever", "user_sim"}
+
+
+@pytest.mark.parametrize("path", STAGE_RECIPES, ids=lambda p: p.stem)
+def test_plugin_paths_resolve(path: Path, tmp_path: Path):
+    import importlib
+
+    recipe, _ = compiled(path.stem, tmp=tmp_path)
+    for dotted in vars(recipe.plugins).values():
+        if not dotted or not dotted.startswith("aclarena_slime.") or dotted in PENDING_PLUGINS:
+            continue
+        module, _, attr = dotted.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attr))
+
+
+def test_missing_recipe_file_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(RecipeError, match="no such recipe"):
+        load_recipe(tmp_path / "nope.yaml")
