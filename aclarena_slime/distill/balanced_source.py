@@ -1,0 +1,227 @@
+"""A domain-balanced data source for slime (``--data-source-path``): every batch draws equally from every domain.
+
+A globally shuffled mixture lets the big domains drown the small one: in the authors' SDFT mixture
+(if 225k, search 157k, math 156k, tau 19k records; WillDreamer/ACLArena
+``slime/examples/SDFT/run_qwen3_8b_oracle_mix_sft_balance.sh``) a 128-record batch holds about four
+tau records. Here each domain is its own shuffled bucket; a request for ``n`` prompts takes
+``n // k`` from each of the ``k`` domains, the remainder going to the next domains in turn (so long
+runs are exactly even), interleaved domain by domain. A bucket that runs out reshuffles and starts
+over: small domains repeat within an epoch, by design. One epoch is one pass over the largest domain,
+so ``len()`` is ``largest bucket × k`` and slime's ``--num-epoch`` keeps its meaning.
+
+Slime constructs it as ``cls(args)`` and reads: ``prompt_data`` and the dataset flags (through its own
+``Dataset``, so prompts are built exactly as slime builds them), ``n_samples_per_prompt``,
+``rollout_shuffle``, ``rollout_seed``, ``save`` / ``load``. The domain of a record is
+``metadata[args.aclarena_balance_key]`` when that is set, else ``metadata.domain``, else
+``metadata.env`` (the env tag): SDFT mixtures and mixed RL prompt streams both work.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "rollout/aclarena_balanced_source_{rollout_id}.json"
+
+
+class DomainBalancer:
+    """Index draws over per-domain buckets: equal shares, reshuffle on exhaustion, resumable state."""
+
+    def __init__(self, buckets: Mapping[str, Sequence[int]], seed: int = 0, shuffle: bool = True) -> None:
+        if not buckets or any(len(v) == 0 for v in buckets.values()):
+            raise ValueError("every domain needs at least one record")
+        self.domains = sorted(buckets)  # fixed order: the draw sequence must not depend on file order
+        self.buckets = {d: list(buckets[d]) for d in self.domains}
+        self.seed, self.shuffle = seed, shuffle
+        self.largest = max(self.domains, key=lambda d: (len(self.buckets[d]), d))
+        self.epoch = 0  # passes over the largest domain
+        self.cursor = 0  # which domain gets the next remainder slot
+        self.bucket_epoch = dict.fromkeys(self.domains, 0)
+        self.offset = dict.fromkeys(self.domains, 0)
+        self.order = {d: self._ordered(d, 0) for d in self.domains}
+
+    def __len__(self) -> int:
+        return len(self.buckets[self.largest]) * len(self.domains)
+
+    def _ordered(self, domain: str, epoch: int) -> list[int]:
+        order = list(self.buckets[domain])
+        if self.shuffle:
+            # A string seed is hashed deterministically (unlike hash()), so a resumed run replays the order.
+            random.Random(f"{self.seed}:{domain}:{epoch}").shuffle(order)
+        return order
+
+    def quotas(self, n: int) -> dict[str, int]:
+        k = len(self.domains)
+        share = dict.fromkeys(self.domains, n // k)
+        for i in range(n % k):
+            share[self.domains[(self.cursor + i) % k]] += 1
+        return share
+
+    def draw(self, n: int) -> list[int]:
+        """``n`` indices, equal shares per domain, interleaved (d1, d2, ..., d1, d2, ...)."""
+        share = self.quotas(n)
+        self.cursor = (self.cursor + n % len(self.domains)) % len(self.domains)
+        taken = {d: self._take(d, share[d]) for d in self.domains}
+        out: list[int] = []
+        for i in range(max(share.values(), default=0)):
+            out += [taken[d][i] for d in self.domains if i < len(taken[d])]
+        return out
+
+    def _take(self, domain: str, k: int) -> list[int]:
+        out: list[int] = []
+        while k > 0:
+            start = self.offset[domain]
+            chunk = self.order[domain][start : start + k]
+            out += chunk
+            self.offset[domain] = start + len(chunk)
+            k -= len(chunk)
+            if k > 0 or self.offset[domain] == len(self.order[domain]):
+                self.bucket_epoch[domain] += 1
+                self.order[domain] = self._ordered(domain, self.bucket_epoch[domain])
+                self.offset[domain] = 0
+                if domain == self.largest:
+                    self.epoch = self.bucket_epoch[domain]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "sizes": {d: len(self.buckets[d]) for d in self.domains},
+            "bucket_epoch": dict(self.bucket_epoch),
+            "offset": dict(self.offset),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        sizes = {d: len(self.buckets[d]) for d in self.domains}
+        if dict(state.get("sizes", {})) != sizes:
+            raise ValueError(f"saved balancer state is for domains {state.get('sizes')}, the data has {sizes}")
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        for d in self.domains:
+            self.bucket_epoch[d] = int(state["bucket_epoch"][d])
+            self.offset[d] = int(state["offset"][d])
+            self.order[d] = self._ordered(d, self.bucket_epoch[d])
+
+
+def domain_of(metadata: Any, key: str | None = None) -> str | None:
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    value = metadata.get(key) if key else (metadata.get("domain") or metadata.get("env"))
+    return str(value) if value else None
+
+
+class BalancedDataSource:
+    """Slime's ``DataSource`` interface (``get_samples``, ``add_samples``, ``save``, ``load``, ``__len__``).
+
+    ``samples`` replaces reading ``args.prompt_data`` with slime's ``Dataset`` (tests, or callers that
+    build prompts themselves); slime itself passes ``args`` only.
+    """
+
+    def __init__(self, args: Any, *, samples: Sequence[Any] | None = None) -> None:
+        self.args = args
+        self.samples = list(samples) if samples is not None else _slime_dataset(args)
+        key = getattr(args, "aclarena_balance_key", None)
+        buckets: dict[str, list[int]] = {}
+        for index, sample in enumerate(self.samples):
+            domain = domain_of(sample.metadata, key)
+            if domain is None:
+                wanted = f"metadata.{key}" if key else "metadata.domain or metadata.env"
+                raise ValueError(f"record {index} of {getattr(args, 'prompt_data', 'the data')} has no {wanted}")
+            buckets.setdefault(domain, []).append(index)
+        if not buckets:
+            raise ValueError(f"no records in {getattr(args, 'prompt_data', 'the data')}")
+        self.balancer = DomainBalancer(
+            buckets,
+            seed=int(getattr(args, "rollout_seed", 0) or 0),
+            shuffle=bool(getattr(args, "rollout_shuffle", True)),
+        )
+        self.buffer: list[list[Any]] = []
+        self.sample_group_index = 0
+        self.sample_index = 0
+        log.info("balanced data source: %s", {d: len(v) for d, v in sorted(buckets.items())})
+
+    def __len__(self) -> int:
+        return len(self.balancer)
+
+    @property
+    def epoch_id(self) -> int:
+        return self.balancer.epoch
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        """``num_samples`` groups of ``n_samples_per_prompt`` copies; buffered (aborted) groups first."""
+        groups = self.buffer[:num_samples]
+        del self.buffer[: len(groups)]
+        per_prompt = int(getattr(self.args, "n_samples_per_prompt", 1) or 1)
+        for index in self.balancer.draw(num_samples - len(groups)):
+            group = []
+            for _ in range(per_prompt):
+                sample = copy.deepcopy(self.samples[index])
+                sample.group_index, sample.index = self.sample_group_index, self.sample_index
+                self.sample_index += 1
+                group.append(sample)
+            self.sample_group_index += 1
+            groups.append(group)
+        return groups
+
+    def add_samples(self, samples: list[list[Any]]) -> None:
+        """Take back groups slime could not finish (partial rollout); they are served first."""
+        for group in samples or []:
+            if not isinstance(group, list):
+                raise TypeError(f"add_samples takes groups (lists of samples), got {type(group).__name__}")
+            self.buffer.append(group)
+
+    def save(self, rollout_id: int) -> None:
+        if not getattr(self.args, "save", None):
+            return
+        path = Path(self.args.save) / STATE_FILE.format(rollout_id=rollout_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "balancer": self.balancer.state_dict(),
+            "sample_group_index": self.sample_group_index,
+            "sample_index": self.sample_index,
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        if not getattr(self.args, "load", None) or rollout_id is None:
+            return
+        path = Path(self.args.load) / STATE_FILE.format(rollout_id=rollout_id)
+        if not path.exists():
+            log.info("no balanced data source state at %s; starting from the beginning", path)
+            return
+        state = json.loads(path.read_text())
+        self.balancer.load_state_dict(state["balancer"])
+        self.sample_group_index = int(state["sample_group_index"])
+        self.sample_index = int(state["sample_index"])
+
+
+def _slime_dataset(args: Any) -> list[Any]:
+    """The prompt samples exactly as slime's own data source builds them (needs slime)."""
+    from slime.utils.data import Dataset
+    from slime.utils.processing_utils import load_processor, load_tokenizer
+
+    if not getattr(args, "rollout_global_dataset", True) or args.prompt_data is None:
+        raise ValueError("BalancedDataSource needs --rollout-global-dataset and --prompt-data")
+    dataset = Dataset(
+        args.prompt_data,
+        tokenizer=load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
+        processor=load_processor(args.hf_checkpoint, trust_remote_code=True),
+        max_length=args.rollout_max_prompt_len,
+        prompt_key=args.input_key,
+        multimodal_keys=args.multimodal_keys,
+        label_key=args.label_key,
+        metadata_key=args.metadata_key,
+        tool_key=args.tool_key,
+        apply_chat_template=args.apply_chat_template,
+        apply_chat_template_kwargs=args.apply_chat_template_kwargs,
+        seed=args.rollout_seed,
+    )
+    return list(dataset.origin_samples)

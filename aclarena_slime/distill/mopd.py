@@ -1,0 +1,260 @@
+"""Multi-teacher on-policy distillation (MOPD): slime reward / post-process plugins that pick the teacher by env tag.
+
+The student rolls out on a mixed prompt stream (``aclarena_slime.rollout.generate``); for each sample
+the teacher that owns its env tag scores the student's exact tokens, and slime's OPD
+(``--use-opd --opd-type sglang``) turns ``log p_student - log p_teacher`` into a per-token reverse-KL
+advantage. Point slime at::
+
+    --custom-rm-path aclarena_slime.distill.mopd.teacher_log_probs_reward
+    --custom-reward-post-process-path aclarena_slime.distill.mopd.mopd_post_process
+
+Teachers (set on ``args`` through ``--custom-config-path``):
+
+- ``aclarena_mopd_teachers``: ``{tag: "http://host:port"}`` or ``{tag: {"url": ..., "lora_path": ...}}``
+  — one server (or router) per teacher;
+- ``aclarena_mopd_teacher_pool`` + ``aclarena_mopd_teacher_experts``: LoRA experts on one SGLang pool,
+  the adapter of a tag taken from an expert manifest (``experts.json`` path) or a ``{tag: adapter}``
+  mapping; requests carry ``lora_path``. Without ``aclarena_mopd_teacher_pool``, slime's ``--rm-url``
+  names the pool. A tag in ``aclarena_mopd_teachers`` wins over the pool.
+
+Optional: ``aclarena_mopd_task_reward`` (default false: the reward is 0.0, as the authors ran it —
+WillDreamer/ACLArena ``multi_teacher/opd_multi_teacher.py``; true: the env's own score, group-normalized
+by :func:`mopd_post_process`), ``aclarena_mopd_teacher_temperature`` (default slime's
+``--rollout-temperature``, as slime's own OPD ``reward_func``).
+
+A teacher that fails (unreachable, a 4xx such as a trajectory over its context length, an answer
+that does not line up with the tokens) never becomes a zero reward: the sample is marked ABORTED and
+``remove_sample`` (slime zeroes its loss mask) and carries neutral teacher log-probs. A tag with no
+teacher at all is a configuration error and raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aclarena_slime.experts import ExpertTable, UnknownExpert
+from aclarena_slime.rollout import RECORD_KEY, env_tag
+from aclarena_slime.rollout import reward as env_reward
+from aclarena_slime.sglang_client import SGLangClient, SGLangError
+
+log = logging.getLogger(__name__)
+
+NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # slime's group-norm set
+STD_ESTIMATORS = ("grpo", "gspo", "cispo")
+
+
+class TeacherConfigError(ValueError):
+    pass
+
+
+class TeacherAnswerError(RuntimeError):
+    """The teacher answered, but not with log-probs for exactly the sample's response tokens."""
+
+
+@dataclass(frozen=True)
+class Teacher:
+    url: str
+    lora_path: str | None = None
+
+
+@dataclass(frozen=True)
+class TeacherTable:
+    """Which teacher scores which env tag: separate servers and/or LoRA experts on one pool."""
+
+    servers: Mapping[str, Teacher]
+    pool_url: str | None = None
+    experts: ExpertTable | None = None
+
+    def for_tag(self, tag: str) -> Teacher:
+        if tag in self.servers:
+            return self.servers[tag]
+        if self.experts is not None and self.pool_url:
+            try:
+                return Teacher(self.pool_url, self.experts.adapter_for(tag))
+            except UnknownExpert as exc:
+                raise TeacherConfigError(f"no MOPD teacher for env tag {tag!r}: {exc}") from None
+        known = ", ".join(sorted(self.servers)) or "(none)"
+        raise TeacherConfigError(f"no MOPD teacher for env tag {tag!r}; teachers are configured for: {known}")
+
+    @classmethod
+    def from_args(cls, args: Any) -> TeacherTable:
+        servers = getattr(args, "aclarena_mopd_teachers", None) or {}
+        experts = getattr(args, "aclarena_mopd_teacher_experts", None)
+        pool = getattr(args, "aclarena_mopd_teacher_pool", None) or getattr(args, "rm_url", None)
+        return _table(_freeze(servers), _freeze(experts), pool)
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable copy of a config value, so the parsed table is cached per configuration."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    return value
+
+
+@functools.lru_cache(maxsize=16)
+def _table(servers: tuple, experts: Any, pool: str | None) -> TeacherTable:
+    parsed: dict[str, Teacher] = {}
+    for tag, entry in servers:
+        entry = dict(entry) if isinstance(entry, tuple) else {"url": entry}
+        if not entry.get("url"):
+            raise TeacherConfigError(f"MOPD teacher for {tag!r} has no url")
+        parsed[tag] = Teacher(_base_url(str(entry["url"])), entry.get("lora_path"))
+    table = None
+    if isinstance(experts, tuple):
+        table = ExpertTable.from_mapping(dict(experts))
+    elif experts:
+        table = ExpertTable.load(str(experts))
+    if table is not None and not pool:
+        raise TeacherConfigError("aclarena_mopd_teacher_experts needs a pool: aclarena_mopd_teacher_pool or --rm-url")
+    if not parsed and table is None:
+        raise TeacherConfigError(
+            "MOPD needs teachers: aclarena_mopd_teachers, or aclarena_mopd_teacher_experts with a pool"
+        )
+    return TeacherTable(parsed, _base_url(pool) if pool else None, table)
+
+
+def _base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/generate")] if url.endswith("/generate") else url
+
+
+async def teacher_log_probs_reward(args: Any, sample: Any, **_: Any) -> float | list[float]:
+    """slime ``--custom-rm-path``: fill ``sample.teacher_log_probs``; return the task reward (default 0.0).
+
+    With ``--group-rm`` slime passes a list of samples and gets a list back. A sample whose teacher
+    failed is aborted and removed; its 0.0 is bookkeeping only (slime's rollout metrics round every
+    reward, so None would crash them) and :func:`mopd_post_process` leaves it out of its group's baseline.
+    """
+    if isinstance(sample, list):
+        return [await teacher_log_probs_reward(args, one) for one in sample]
+    teacher = TeacherTable.from_args(args).for_tag(env_tag(sample))
+    try:
+        sample.teacher_log_probs = await score_response(teacher, sample, _temperature(args))
+    except (SGLangError, TeacherAnswerError) as exc:
+        log.warning("MOPD teacher %s failed on sample %s; dropping it: %s", teacher.url, sample.index, exc)
+        abort_sample(sample, f"teacher: {exc}")
+        return 0.0
+    if getattr(args, "aclarena_mopd_task_reward", False):
+        return await env_reward(args, sample)
+    return 0.0
+
+
+async def score_response(teacher: Teacher, sample: Any, temperature: float) -> list[float]:
+    """The teacher's log-prob of each response token of ``sample``: exactly ``response_length`` values.
+
+    SGLang prefills ``input_ids`` with ``max_new_tokens: 0`` and returns ``meta_info.input_token_logprobs``
+    as ``[logprob, token_id, text]`` for positions ``logprob_start_len .. len-1``, the first one ``None``
+    (no context predicts it; sglang ``scheduler_output_processor_mixin.py``). Starting one token before
+    the response keeps the answer small; the last ``response_length`` entries are then checked against
+    the sample's own tokens.
+    """
+    tokens = [int(t) for t in sample.tokens]
+    n = int(sample.response_length)
+    if n == 0:
+        return []
+    if n >= len(tokens):
+        raise TeacherAnswerError(f"response_length {n} leaves no prompt in {len(tokens)} tokens")
+    params = {"max_new_tokens": 0, "temperature": temperature, "skip_special_tokens": False}
+    extra = {"logprob_start_len": len(tokens) - n - 1}
+    answer = await SGLangClient(teacher.url).generate(tokens, params, lora_path=teacher.lora_path, extra=extra)
+    return response_log_probs(answer, tokens, n)
+
+
+def response_log_probs(answer: Any, tokens: Sequence[int], response_length: int) -> list[float]:
+    """The last ``response_length`` input log-probs of an SGLang answer, checked against ``tokens``."""
+    entries = answer.get("meta_info", {}).get("input_token_logprobs") if isinstance(answer, Mapping) else None
+    if not isinstance(entries, list) or len(entries) < response_length:
+        got = len(entries) if isinstance(entries, list) else "no"
+        raise TeacherAnswerError(f"{got} input log-probs for {response_length} response tokens")
+    tail = entries[len(entries) - response_length :]
+    expected = list(tokens[len(tokens) - response_length :])
+    out: list[float] = []
+    for position, (entry, token) in enumerate(zip(tail, expected, strict=True)):
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+            raise TeacherAnswerError(f"malformed log-prob entry {entry!r}")
+        logprob, token_id = entry[0], entry[1]
+        if token_id is not None and int(token_id) != token:
+            raise TeacherAnswerError(f"response token {position}: teacher scored id {token_id}, the sample has {token}")
+        if not isinstance(logprob, (int, float)) or math.isnan(logprob):
+            raise TeacherAnswerError(f"response token {position} has no teacher log-prob ({logprob!r})")
+        out.append(float(logprob))
+    return out
+
+
+def abort_sample(sample: Any, reason: str) -> None:
+    """A teacher failure: the sample is ABORTED and kept out of training."""
+    sample.status = type(sample).Status.ABORTED
+    drop_sample(sample, reason)
+
+
+def drop_sample(sample: Any, reason: str) -> None:
+    """``remove_sample`` (slime zeroes its loss mask) with neutral teacher log-probs; the reason is recorded."""
+    sample.remove_sample = True
+    sample.teacher_log_probs = neutral_log_probs(sample)
+    if not isinstance(sample.metadata, dict):
+        sample.metadata = dict(sample.metadata or {})
+    sample.metadata.setdefault(RECORD_KEY, {})["teacher_error"] = reason
+
+
+def neutral_log_probs(sample: Any) -> list[float]:
+    """Teacher log-probs that add no KL signal: the student's own rollout log-probs (zeros if absent)."""
+    n = int(sample.response_length)
+    own = sample.rollout_log_probs
+    if own is not None and len(own) == n:
+        return [float(x) for x in own]
+    return [0.0] * n
+
+
+def mopd_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[float], list[float]]:
+    """slime ``--custom-reward-post-process-path``: ``(raw_rewards, rewards)``, teacher log-probs guaranteed.
+
+    Samples that never reached the reward function (aborted during rollout) get neutral teacher
+    log-probs and ``remove_sample``, so slime's batch always has ``response_length`` values per sample.
+    Rewards are group-normalized as slime does for GRPO-style estimators, over the kept samples only
+    (a dropped sample must not shift its group's baseline); dropped samples get 0.0, and their loss
+    mask is zeroed by slime anyway.
+    """
+    raw: list[float] = []
+    for sample in samples:
+        teacher = sample.teacher_log_probs
+        if teacher is None or len(teacher) != int(sample.response_length) or sample.reward is None:
+            drop_sample(sample, "not scored by a teacher")
+        value = sample.reward
+        if isinstance(value, Mapping):
+            value = value.get(getattr(args, "reward_key", None) or "reward")
+        raw.append(float(value) if isinstance(value, (int, float)) else 0.0)
+    return raw, _normalized(args, samples, raw)
+
+
+def _normalized(args: Any, samples: list[Any], raw: list[float]) -> list[float]:
+    estimator = getattr(args, "advantage_estimator", "grpo")
+    if estimator not in NORMALIZED_ESTIMATORS or not getattr(args, "rewards_normalization", True):
+        return list(raw)
+    use_std = estimator in STD_ESTIMATORS and getattr(args, "grpo_std_normalization", True)
+    size = int(getattr(args, "n_samples_per_prompt", 1) or 1)
+    groups: dict[Any, list[int]] = {}
+    for i, sample in enumerate(samples):
+        key = sample.group_index if sample.group_index is not None else i // size
+        groups.setdefault(key, []).append(i)
+    out = [0.0] * len(raw)
+    for members in groups.values():
+        kept = [i for i in members if not samples[i].remove_sample]
+        if not kept:
+            continue
+        mean = sum(raw[i] for i in kept) / len(kept)
+        std = math.sqrt(sum((raw[i] - mean) ** 2 for i in kept) / (len(kept) - 1)) if len(kept) > 1 else 0.0
+        for i in kept:
+            out[i] = (raw[i] - mean) / (std + 1e-6) if use_std else raw[i] - mean
+    return out
+
+
+def _temperature(args: Any) -> float:
+    value = getattr(args, "aclarena_mopd_teacher_temperature", None)
+    if value is None:
+        value = getattr(args, "rollout_temperature", 1.0)
+    return float(value)

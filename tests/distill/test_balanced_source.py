@@ -1,0 +1,135 @@
+"""The domain-balanced data source: per-batch domain shares, cycling, groups, resume, buffer."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from aclarena_slime.distill.balanced_source import BalancedDataSource, DomainBalancer
+from aclarena_slime.distill.dumps import episode_from_record
+from aclarena_slime.distill.sdft import MixtureSettings, build_mixture
+from aclarena_slime.testing.samples import FakeSample
+
+SIZES = {"math": 40, "search": 13, "tau": 3}
+
+
+def _args(tmp_path=None, **kw):
+    args = SimpleNamespace(n_samples_per_prompt=1, rollout_shuffle=True, rollout_seed=7, save=None, load=None)
+    if tmp_path is not None:
+        args.save = args.load = str(tmp_path)
+    for key, value in kw.items():
+        setattr(args, key, value)
+    return args
+
+
+def _mixture_samples(make_sample):
+    """The pipeline's output, loaded the way slime's Dataset does: prompt = messages, metadata kept."""
+    episodes = [
+        episode_from_record(make_sample(domain, f"{domain} question {i}", f"answer {i}", 1.0), f"{domain}:{i}")
+        for domain, n in SIZES.items()
+        for i in range(n)
+    ]
+    records, _ = build_mixture(episodes, MixtureSettings(default_threshold=1.0))
+    assert len(records) == sum(SIZES.values())
+    return [FakeSample(prompt=r["messages"], metadata=dict(r["metadata"])) for r in records]
+
+
+def _domains(groups):
+    return [group[0].metadata["domain"] for group in groups]
+
+
+def test_every_batch_draws_equally_from_every_domain(make_sample):
+    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    assert len(source) == 40 * 3  # one epoch = one pass over the largest domain
+    for _ in range(10):
+        batch = _domains(source.get_samples(12))
+        assert Counter(batch) == {"math": 4, "search": 4, "tau": 4}
+        assert batch[:3] == ["math", "search", "tau"]  # interleaved, not blocks
+
+
+def test_remainders_rotate_so_long_runs_are_even(make_sample):
+    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    shares = [Counter(_domains(source.get_samples(10))) for _ in range(3)]
+    for share in shares:
+        assert sorted(share.values()) == [3, 3, 4]
+    assert sum(shares, Counter()) == {"math": 10, "search": 10, "tau": 10}
+
+
+def test_small_domains_cycle_through_every_record_before_repeating(make_sample):
+    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    tau = [g[0].prompt[0]["content"] for g in source.get_samples(30) if g[0].metadata["domain"] == "tau"]
+    assert len(tau) == 10
+    for start in (0, 3, 6):
+        assert len(set(tau[start : start + 3])) == 3  # each pass is a permutation of the 3 records
+    assert source.epoch_id == 0
+    source.get_samples(3 * 30)  # math has seen 10 + 30 = 40 records: one full pass
+    assert source.epoch_id == 1
+
+
+def test_groups_are_independent_copies_with_running_indices(make_sample):
+    source = BalancedDataSource(_args(n_samples_per_prompt=4), samples=_mixture_samples(make_sample))
+    groups = source.get_samples(3)
+    assert [len(g) for g in groups] == [4, 4, 4]
+    assert [s.index for g in groups for s in g] == list(range(12))
+    assert [g[0].group_index for g in groups] == [0, 1, 2]
+    groups[0][0].metadata["touched"] = True
+    assert "touched" not in groups[0][1].metadata and "touched" not in source.samples[0].metadata
+    assert groups[0][0].prompt == groups[0][3].prompt
+
+
+def test_save_and_load_resume_the_exact_sequence(tmp_path, make_sample):
+    samples = _mixture_samples(make_sample)
+    first = BalancedDataSource(_args(tmp_path), samples=samples)
+    for _ in range(7):
+        first.get_samples(10)
+    first.save(6)
+    expected = [[s.prompt[0]["content"] for g in first.get_samples(10) for s in g] for _ in range(3)]
+
+    resumed = BalancedDataSource(_args(tmp_path), samples=samples)
+    resumed.load(6)
+    got = [[s.prompt[0]["content"] for g in resumed.get_samples(10) for s in g] for _ in range(3)]
+    assert got == expected
+    assert resumed.sample_index == first.sample_index
+
+    fresh = BalancedDataSource(_args(tmp_path), samples=samples)
+    fresh.load(99)  # no state saved for that rollout: starts from the beginning
+    assert fresh.sample_index == 0
+    changed = BalancedDataSource(_args(tmp_path), samples=samples[:-1])
+    with pytest.raises(ValueError, match="saved balancer state is for domains"):
+        changed.load(6)
+
+
+def test_buffered_groups_come_first(make_sample):
+    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    aborted = source.get_samples(2)
+    source.add_samples(aborted)
+    again = source.get_samples(5)
+    assert again[:2] == aborted and len(again) == 5
+    with pytest.raises(TypeError, match="groups"):
+        source.add_samples([FakeSample()])
+
+
+def test_domain_key_falls_back_to_env_tag_and_missing_tags_are_errors():
+    prompts = [FakeSample(prompt=f"p{i}", metadata={"env": "math" if i % 2 else "search"}) for i in range(6)]
+    source = BalancedDataSource(_args(), samples=prompts)
+    assert Counter(_domains_env(source.get_samples(4))) == {"math": 2, "search": 2}
+    keyed = [FakeSample(prompt="p", metadata={"data_source": "if", "env": "ifeval"})]
+    assert _domains_env(BalancedDataSource(_args(aclarena_balance_key="data_source"), samples=keyed).get_samples(1))
+    with pytest.raises(ValueError, match="record 1 of .* has no metadata.domain or metadata.env"):
+        BalancedDataSource(_args(), samples=[prompts[0], FakeSample(prompt="x", metadata={})])
+    with pytest.raises(ValueError, match="no metadata.data_source"):
+        BalancedDataSource(_args(aclarena_balance_key="data_source"), samples=prompts)
+
+
+def _domains_env(groups):
+    return [group[0].metadata["env"] for group in groups]
+
+
+def test_unshuffled_balancer_is_deterministic_round_robin():
+    balancer = DomainBalancer({"a": [0, 1], "b": [2, 3, 4]}, shuffle=False)
+    assert balancer.draw(4) == [0, 2, 1, 3]
+    assert balancer.draw(4) == [0, 4, 1, 2]  # a wrapped around; b continues
+    with pytest.raises(ValueError, match="at least one record"):
+        DomainBalancer({"a": []})
