@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -150,6 +151,9 @@ class BM25Retriever:
 
     def __init__(self, index: Any, documents: Sequence[Document]) -> None:
         self.index, self.documents = index, documents
+        # One worker: BM25 scoring holds the GIL, so parallel threads only contend (measured in
+        # benchmarks/bench_retrieval.py); queued searches keep the event loop free all the same.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
 
     @classmethod
     def from_documents(cls, documents: Sequence[Document]) -> BM25Retriever:
@@ -232,9 +236,10 @@ class BM25Retriever:
         ]
 
     async def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
-        return await asyncio.to_thread(self.search, list(queries), topk)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self.search, list(queries), topk)
 
     async def aclose(self) -> None:
+        self._worker.shutdown(wait=False)
         if isinstance(self.documents, CorpusFile):
             self.documents.close()
 
