@@ -9,9 +9,15 @@ import json
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from aclarena_slime.cli import CommandError
 from aclarena_slime.http_service import LOOPBACK, serving
+
+if TYPE_CHECKING:  # the plugin is imported when the command runs, so a broken plugin never breaks `aclarena`
+    from aiohttp import web
+
+    from aclarena_envs.search.retriever import Retriever
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(app, retriever, args: argparse.Namespace, ready_s: float) -> None:
+async def _serve(app: web.Application, retriever: Retriever, args: argparse.Namespace, ready_s: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
