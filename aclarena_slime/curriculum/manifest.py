@@ -30,7 +30,9 @@ class Manifest:
         if path.exists():
             data = json.loads(path.read_text(encoding="utf-8"))
             if data.get("name") != name:
-                raise ValueError(f"{path} belongs to curriculum {data.get('name')!r}, not {name!r}; use another output_dir")
+                raise ValueError(
+                    f"{path} belongs to curriculum {data.get('name')!r}, not {name!r}; use another output_dir"
+                )
             return cls(path, data)
         return cls(path, {"version": 1, "name": name, "stages": [], "experts": {}})
 

@@ -70,7 +70,7 @@ def lineage_overrides(source: dict[str, Any] | None) -> list[str]:
     if source is None:
         return []
     if source.get("checkpoint"):
-        return [f"checkpoint.load={source['checkpoint']}", f"checkpoint.ref_load={source['checkpoint']}"]
+        return [f"checkpoint.load={source['checkpoint']}"]  # ref_load follows load unless a recipe says otherwise
     if source.get("adapter"):
         return [f"++cluster.local.base_adapter={source['adapter']}"]
     raise CurriculumFailed(f"stage {source['name']} left neither a checkpoint nor an adapter to start from")
@@ -135,7 +135,9 @@ def run_curriculum(
         note = None
         if summary is None:
             note = "the evaluation wrote no summary.json" if config.evaluation.command else "no evaluation.command"
-        manifest.update_stage(entry.name, eval={"summary": _relative(str(summary), out)} if summary else None, eval_note=note)
+        manifest.update_stage(
+            entry.name, eval={"summary": _relative(str(summary), out)} if summary else None, eval_note=note
+        )
         previous = entry.name
     return manifest
 

@@ -94,7 +94,9 @@ def _run_slime(recipe: StageRecipe) -> StageResult:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launch/stage.sh", description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipes/<stage>.yaml")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm.lr=2e-6 cluster=single_8 backend=local")
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. algorithm.lr=2e-6 cluster=single_8 backend=local"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the exact slime command and stop")
     args = parser.parse_intermixed_args(argv)
     try:

@@ -141,7 +141,9 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         custom["aclarena_lora"] = lora
     for key, value in recipe.custom.items():
         if not key.startswith("aclarena_") or key in custom:
-            raise RecipeError(f"custom.{key}: custom-config keys start with 'aclarena_' and do not repeat built-in ones")
+            raise RecipeError(
+                f"custom.{key}: custom-config keys start with 'aclarena_' and do not repeat built-in ones"
+            )
         custom[key] = value
     return SlimeCommand(
         train_args=flags.argv(),

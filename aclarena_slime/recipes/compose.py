@@ -77,7 +77,9 @@ def _check_choices(recipe: StageRecipe, source: str) -> None:
         if not service.command:
             raise RecipeError(f"{source}: services.{name}.command is empty")
     if recipe.kind != "sft" and recipe.data.env not in recipe.env_config:
-        raise RecipeError(f"{source}: no env_config for the data's env tag {recipe.data.env!r} (add env@env_config.TAG: TAG)")
+        raise RecipeError(
+            f"{source}: no env_config for the data's env tag {recipe.data.env!r} (add env@env_config.TAG: TAG)"
+        )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -164,7 +164,9 @@ def collect(slime: Path, megatron: Path, sglang: Path) -> dict[str, set[str]]:
 def write(found: dict[str, set[str]], header: list[str], output: Path = OUTPUT) -> int:
     flags = sorted(found["megatron"] | found["slime"] | found["sglang"])
     lines = [f"# {line}" for line in header]
-    lines += [f"# counts: megatron {len(found['megatron'])}, slime {len(found['slime'])}, sglang {len(found['sglang'])}"]
+    lines += [
+        f"# counts: megatron {len(found['megatron'])}, slime {len(found['slime'])}, sglang {len(found['sglang'])}"
+    ]
     lines += [f"# stubbed while building the parsers: {', '.join(sorted(found['stubbed'])) or 'none'}", ""]
     output.write_text("\n".join(lines + flags) + "\n", encoding="utf-8")
     return len(flags)

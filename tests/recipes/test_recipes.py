@@ -19,7 +19,10 @@ GROUP_FILES = sorted(p for g in GROUPS for p in (RECIPES / g).glob("*.yaml"))
 CURRICULA = sorted((RECIPES / "curriculum").glob("*.yaml"))
 EVAL_SUITES = sorted((RECIPES / "eval").glob("*.yaml"))
 # Plugin modules built by other work items, referenced by dotted path before they exist.
-PENDING_PLUGINS = {"aclarena_slime.distill.mopd.teacher_log_probs_reward", "aclarena_slime.distill.sdft.BalancedDataSource"}
+PENDING_PLUGINS = {
+    "aclarena_slime.distill.mopd.teacher_log_probs_reward",
+    "aclarena_slime.distill.sdft.BalancedDataSource",
+}
 
 
 def compiled(name: str, *overrides: str, tmp: Path):
@@ -57,7 +60,9 @@ def test_stage_recipe_compiles_to_known_flags(path: Path, tmp_path: Path):
     flags = [a for a in command.train_args if a.startswith("--")]
     assert set(flags) <= known_flags()
     assert len(flags) == len(set(flags)), "a flag emitted twice"
-    assert flag_value(command.train_args, "--custom-config-path") == [str(tmp_path / "runs" / recipe.name / "custom_config.yaml")]
+    assert flag_value(command.train_args, "--custom-config-path") == [
+        str(tmp_path / "runs" / recipe.name / "custom_config.yaml")
+    ]
     assert flag_value(command.train_args, "--save") == [recipe.checkpoint.save]
     env_config = command.custom_config["aclarena_env_config"]
     if recipe.kind != "sft":
@@ -100,7 +105,11 @@ def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path):
     assert flag_value(argv, "--n-samples-per-prompt") == ["8"]
     assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "stage1_math" / "checkpoint")]
     retriever = command.services["retriever"]
-    assert command.custom_config["aclarena_env_config"]["search"]["retriever_url"] == retriever.url == "http://127.0.0.1:8000"
+    assert (
+        command.custom_config["aclarena_env_config"]["search"]["retriever_url"]
+        == retriever.url
+        == "http://127.0.0.1:8000"
+    )
 
 
 def test_override_changes_the_emitted_flag(tmp_path: Path):

@@ -1,0 +1,191 @@
+"""The curriculum runner with a fake stage runner: lineage, manifest, experts, resume after a crash."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aclarena_slime.curriculum.manifest import DONE, MANIFEST_NAME
+from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum
+from aclarena_slime.launcher.stage import StageResult
+from aclarena_slime.recipes.compose import RecipeError
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+class FakeRunner:
+    """Records what each stage loaded; 'trains' by writing a checkpoint marker; can crash on a stage."""
+
+    def __init__(self, crash_on: str | None = None, adapters: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.crash_on = crash_on
+        self.adapters = adapters
+
+    def __call__(self, recipe) -> StageResult:
+        self.calls.append((recipe.name, recipe.checkpoint.load))
+        if recipe.name == self.crash_on:
+            raise KeyboardInterrupt("simulated crash")  # not an Exception: the process dies mid-stage
+        save = Path(recipe.checkpoint.save)
+        save.mkdir(parents=True)  # fails if a finished stage were ever redone
+        (save / "from.txt").write_text(recipe.checkpoint.load)
+        adapter = None
+        if recipe.lora.enabled:
+            adapter = str(save / "adapter")
+            Path(adapter).mkdir()
+        assert recipe.checkpoint.ref_load == recipe.checkpoint.load
+        return StageResult(0, "fake", checkpoint=str(save), adapter=adapter, metrics={"reward": 0.5, "curve": [1, 2]})
+
+
+def write_curriculum(tmp_path: Path, name: str, stages: list[str], evaluation: list[str] | None = None) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    lines = [f"name: {name}", f"output_dir: {tmp_path / 'out'}", f"overrides: ['paths.root={tmp_path}']", "stages:"]
+    lines += [f"  - {stage}" for stage in stages]
+    lines += ["evaluation:", f"  command: {json.dumps(evaluation or [])}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+SEQUENTIAL = [
+    f"{{name: s1, recipe: {RECIPES}/stage1_math.yaml}}",
+    f"{{name: s2, recipe: {RECIPES}/stage2_search.yaml}}",
+    f"{{name: s3, recipe: {RECIPES}/stage3_retail.yaml}}",
+    f"{{name: s4, recipe: {RECIPES}/stage4_if.yaml}}",
+]
+
+
+def test_sequential_chain_passes_each_output_to_the_next(tmp_path: Path):
+    runner = FakeRunner()
+    manifest = run_curriculum(write_curriculum(tmp_path, "seq", SEQUENTIAL), runner=runner, evaluator=lambda *_: None)
+    runs = tmp_path / "out" / "runs"
+    assert runner.calls == [
+        ("s1", str(tmp_path / "models" / "Qwen3-8B-Base_torch_dist")),
+        ("s2", str(runs / "s1" / "checkpoint")),
+        ("s3", str(runs / "s2" / "checkpoint")),
+        ("s4", str(runs / "s3" / "checkpoint")),
+    ]
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert [s["name"] for s in data["stages"]] == ["s1", "s2", "s3", "s4"]
+    assert [s["env"] for s in data["stages"]] == ["math", "search", "retail", "ifeval"]
+    assert all(s["status"] == DONE for s in data["stages"])
+    assert data["stages"][1]["start_from"] == "s1" and data["stages"][1]["loaded"] == str(runs / "s1" / "checkpoint")
+    assert data["stages"][0]["metrics"] == {"reward": 0.5}  # scalars only
+    assert manifest.data == data
+
+
+def test_resume_after_a_crash_skips_finished_stages(tmp_path: Path):
+    path = write_curriculum(tmp_path, "seq", SEQUENTIAL)
+    with pytest.raises(KeyboardInterrupt):
+        run_curriculum(path, runner=FakeRunner(crash_on="s3"), evaluator=lambda *_: None)
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert [s["status"] for s in data["stages"]] == [DONE, DONE, "running"]
+
+    again = FakeRunner()
+    run_curriculum(path, runner=again, evaluator=lambda *_: None)
+    runs = tmp_path / "out" / "runs"
+    assert again.calls == [("s3", str(runs / "s2" / "checkpoint")), ("s4", str(runs / "s3" / "checkpoint"))]
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert [s["status"] for s in data["stages"]] == [DONE] * 4
+    # A third run has nothing left to do.
+    idle = FakeRunner()
+    run_curriculum(path, runner=idle, evaluator=lambda *_: None)
+    assert idle.calls == []
+
+
+def test_failed_stage_stops_the_curriculum_and_is_recorded(tmp_path: Path):
+    class Failing(FakeRunner):
+        def __call__(self, recipe):
+            return StageResult(3, "fake") if recipe.name == "s2" else super().__call__(recipe)
+
+    with pytest.raises(CurriculumFailed, match="s2 failed with status 3"):
+        run_curriculum(write_curriculum(tmp_path, "seq", SEQUENTIAL), runner=Failing(), evaluator=lambda *_: None)
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert [s["status"] for s in data["stages"]] == [DONE, "failed"]
+
+
+def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Path):
+    stages = [
+        f"{{name: backbone, recipe: {RECIPES}/sdft_backbone.yaml}}",
+        f"{{name: e_math, recipe: {RECIPES}/mle_math.yaml, start: backbone, expert: math}}",
+        f"{{name: e_search, recipe: {RECIPES}/mle_search.yaml, start: backbone, expert: search}}",
+    ]
+    runner = FakeRunner()
+    run_curriculum(write_curriculum(tmp_path, "mle", stages), runner=runner, evaluator=lambda *_: None)
+    backbone = str(tmp_path / "out" / "runs" / "backbone" / "checkpoint")
+    assert [load for _, load in runner.calls[1:]] == [backbone, backbone]
+    experts = json.loads((tmp_path / "out" / "experts.json").read_text())
+    assert experts["experts"]["math"] == {
+        "adapter": "math",
+        "path": "runs/e_math/checkpoint/adapter",
+        "stage": "e_math",
+    }
+    assert set(experts["experts"]) == {"math", "search"}
+    assert experts["base"]["name"] == "backbone" and experts["default"] is None
+    from aclarena_slime.experts import ExpertTable
+
+    assert ExpertTable.load(tmp_path / "out" / "experts.json").adapter_for("search") == "search"
+
+
+def test_evaluation_step_runs_after_every_stage_and_feeds_the_matrix(tmp_path: Path):
+    script = tmp_path / "eval.py"
+    script.write_text(
+        "import json, pathlib, sys\n"
+        "out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'summary.json').write_text(json.dumps({'stage': sys.argv[1]}))\n"
+    )
+    import sys
+
+    stages = SEQUENTIAL[:2]
+    path = write_curriculum(tmp_path, "seq", stages, evaluation=[sys.executable, str(script), "{stage}", "{out}"])
+    run_curriculum(path, runner=FakeRunner())
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert [s["eval"] for s in data["stages"]] == [
+        {"summary": "eval/s1/summary.json"},
+        {"summary": "eval/s2/summary.json"},
+    ]
+    assert json.loads((tmp_path / "out" / "eval" / "s2" / "summary.json").read_text()) == {"stage": "s2"}
+
+
+def test_a_broken_later_stage_fails_before_anything_runs(tmp_path: Path):
+    stages = [SEQUENTIAL[0], f"{{name: s2, recipe: {RECIPES}/stage2_search.yaml, overrides: ['algorithm.lr_typo=1']}}"]
+    runner = FakeRunner()
+    with pytest.raises(RecipeError, match="lr_typo"):
+        run_curriculum(write_curriculum(tmp_path, "seq", stages), runner=runner, evaluator=lambda *_: None)
+    assert runner.calls == []
+
+
+def test_start_must_name_an_earlier_stage(tmp_path: Path):
+    stages = [SEQUENTIAL[0], f"{{name: s2, recipe: {RECIPES}/stage2_search.yaml, start: later}}"]
+    with pytest.raises(RecipeError, match="later"):
+        run_curriculum(write_curriculum(tmp_path, "seq", stages), runner=FakeRunner(), evaluator=lambda *_: None)
+
+
+@pytest.mark.parametrize("path", sorted((RECIPES / "curriculum").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_curricula_compose_every_stage(path: Path, tmp_path: Path):
+    from aclarena_slime.curriculum.config import load_curriculum, recipe_path
+    from aclarena_slime.curriculum.runner import stage_recipe
+
+    config = load_curriculum(path, [f"output_dir={tmp_path}"])
+    for entry in config.stages:
+        assert recipe_path(path, entry).is_file()
+        recipe = stage_recipe(config, path, entry, None)
+        assert recipe.name == entry.name
+
+
+@pytest.mark.slow
+def test_local_smoke_curriculum_runs_for_real_and_resumes(tmp_path: Path):
+    """Two chained stages on the local backend (tiny model, real rollout functions), then a no-op resume."""
+    from aclarena_slime.curriculum.runner import default_stage_runner
+
+    path = RECIPES / "curriculum" / "local_smoke.yaml"
+    out = tmp_path / "smoke"
+    run_curriculum(path, [f"output_dir={out}"])
+    data = json.loads((out / MANIFEST_NAME).read_text())
+    first, second = data["stages"]
+    assert first["backend"] == second["backend"] == "local"
+    assert second["loaded"] == first["adapter"] and Path(second["adapter"], "adapter_config.json").exists()
+    assert json.loads((out / "experts.json").read_text())["experts"]["math"]["path"] == "runs/smoke_math/local/adapter"
+    calls = []
+    run_curriculum(path, [f"output_dir={out}"], runner=lambda r: calls.append(r) or default_stage_runner(r))
+    assert calls == []

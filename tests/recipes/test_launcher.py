@@ -1,0 +1,113 @@
+"""launch/stage.sh: backend choice with a reason, dry run, overrides, services, the local mapping."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
+from aclarena_slime.launcher.local_stage import local_config
+from aclarena_slime.launcher.services import ServiceError, is_ready, start_service, stop_service
+from aclarena_slime.launcher.stage import main
+from aclarena_slime.recipes.compose import RecipeError, load_recipe
+from aclarena_slime.recipes.flags import known_flags
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_backend_choice_says_why():
+    assert choose_backend("auto", has_slime=True, gpus=8).name == "slime"
+    local = choose_backend("auto", has_slime=False, gpus=0)
+    assert local.name == "local" and "slime" in local.reason and "GPU" in local.reason
+    assert "GPU" in choose_backend("auto", has_slime=True, gpus=0).reason
+    assert choose_backend("local", has_slime=True, gpus=8).name == "local"
+    with pytest.raises(BackendUnavailable, match="lacks a CUDA GPU"):
+        choose_backend("slime", has_slime=True, gpus=0)
+
+
+def test_stage_sh_dry_run_prints_the_full_command(tmp_path: Path):
+    env = {**os.environ, "ACLARENA_PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(REPO / "launch" / "stage.sh"), "recipes/stage2_search.yaml", "--dry-run",
+         f"paths.root={tmp_path}", "algorithm.lr=5e-6"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "[stage] backend:" in done.stderr
+    out = done.stdout
+    assert "ray job submit" in out and "/train.py" in out
+    assert "--custom-generate-function-path aclarena_slime.rollout.generate" in out
+    assert "--lr 5e-06" in out
+    assert "service retriever at http://127.0.0.1:8000" in out
+    command = out[out.index("ray job submit") : out.index("# local backend") if "# local backend" in out else None]
+    flags = {token for token in command.replace("\\\n", " ").split() if token.startswith("--") and "=" not in token}
+    assert flags - {"--"} <= known_flags()
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
+def test_unknown_key_fails_on_the_command_line(tmp_path: Path, capsys):
+    assert main(["recipes/stage1_math.yaml", "--dry-run", f"paths.root={tmp_path}", "rollout.n_samples=3"]) == 2
+    assert "n_samples" in capsys.readouterr().err
+
+
+def test_backend_shorthand_selects_local(tmp_path: Path, capsys):
+    assert main([str(REPO / "recipes/stage1_math.yaml"), "--dry-run", f"paths.root={tmp_path}", "backend=local"]) == 0
+    captured = capsys.readouterr()
+    assert "backend: local (backend=local requested)" in captured.err
+    assert "# local backend settings" in captured.out
+
+
+def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
+    recipe = load_recipe(REPO / "recipes/mle_search.yaml", [f"paths.root={tmp_path}", "cluster=local"])
+    cfg = local_config(recipe)
+    assert cfg.env == "search" and cfg.model == "tiny" and cfg.steps == 2
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.expert_name) == (16, 32.0, "search")
+    assert "q_proj" in cfg.lora_target_modules  # Megatron names translated for PEFT
+    assert cfg.env_config["topk"] == 3
+    assert cfg.output_dir == str(tmp_path / "runs" / "mle_search" / "local")
+    with pytest.raises(RecipeError, match="unknown local-stage settings"):
+        local_config(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
+    with pytest.raises(RecipeError, match="RL stages only"):
+        local_config(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_service_starts_waits_until_ready_and_stops(tmp_path: Path):
+    port = _free_port()
+    service = SimpleNamespace(
+        command=[sys.executable, "-m", "http.server", "{port}", "--bind", "{host}"],
+        host="127.0.0.1", port=port, ready_path="/", ready_timeout_s=30.0, url=f"http://127.0.0.1:{port}",
+    )  # fmt: skip
+    running = start_service("files", service, tmp_path / "logs", poll_s=0.1)
+    try:
+        assert running.process is not None and is_ready(service.url + "/")
+        reused = start_service("files", service, tmp_path / "logs")
+        assert reused.process is None  # something answers there already: reused, never ours to stop
+        stop_service(reused)
+        assert running.process.poll() is None
+    finally:
+        stop_service(running)
+    assert running.process.poll() is not None
+    assert not is_ready(service.url + "/", timeout_s=0.5)
+
+
+def test_service_that_dies_is_reported_with_its_log(tmp_path: Path):
+    service = SimpleNamespace(
+        command=[sys.executable, "-c", "import sys; print('no corpus'); sys.exit(3)"],
+        host="127.0.0.1", port=_free_port(), ready_path="/health", ready_timeout_s=30.0, url="http://127.0.0.1:1",
+    )  # fmt: skip
+    service.url = f"http://127.0.0.1:{service.port}"
+    with pytest.raises(ServiceError, match="exited with status 3"):
+        start_service("retriever", service, tmp_path, poll_s=0.05)
+    assert "no corpus" in (tmp_path / "retriever.log").read_text()
