@@ -13,7 +13,11 @@ def test_list_says_where_it_came_from_and_holds_each_source():
     assert any("Megatron-LM 1dcf0daf" in line for line in header)
     flags = known_flags()
     assert {"--lr", "--num-layers", "--tensor-model-parallel-size"} <= flags  # Megatron-LM
-    assert {"--custom-config-path", "--custom-generate-function-path", "--only-train-params-name-list"} <= flags  # slime
+    assert {
+        "--custom-config-path",
+        "--custom-generate-function-path",
+        "--only-train-params-name-list",
+    } <= flags  # slime
     assert {"--sglang-enable-lora", "--sglang-mem-fraction-static"} <= flags  # SGLang via slime's prefix
     assert len(flags) > 1000
 
