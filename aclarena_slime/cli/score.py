@@ -40,6 +40,8 @@ async def score_response(tag: str, response: str, label: Any, metadata: dict, pr
         env = get_environment(tag, config)
     except (UnknownEnvironment, PluginLoadError) as exc:
         raise CommandError(str(exc)) from exc
+    except ValueError as exc:  # a config the env refuses
+        raise CommandError(f"{tag}: bad --config: {exc}") from exc
     try:
         episode = await env.start(Task(prompt=prompt, label=label, metadata={"env": tag, **metadata}))
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -30,7 +31,7 @@ from typing import Any
 
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score, Task
 
-from . import demo_corpus
+from . import data, demo_corpus
 from .protocol import (
     INSTRUCTION,
     INVALID_ACTION,
@@ -208,6 +209,18 @@ class SearchEnvironment(Environment):
 
     async def start(self, task: Task) -> Episode:
         return SearchEpisode(self, task, gold_answers(task.label_value))
+
+    def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """Questions about the generated demo corpus, the one this env searches when none is configured.
+
+        ``seed`` shuffles which questions are drawn; the corpus itself is always the default one, so
+        every question is answerable from what the embedded retriever holds.
+        """
+        if self.cfg.corpus or self.cfg.retriever_url:
+            raise NotImplementedError("demo records only match the demo corpus; name a dataset for your corpus")
+        questions = list(demo_corpus.generate(DEMO_PASSAGES).questions)
+        random.Random(seed).shuffle(questions)
+        return list(data.demo_records(questions[:n], "demo"))
 
     async def aclose(self) -> None:
         if self._retriever is not None:
