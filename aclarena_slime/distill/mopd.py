@@ -30,7 +30,9 @@ teacher at all is a configuration error and raises.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -86,27 +88,22 @@ class TeacherTable:
         servers = getattr(args, "aclarena_mopd_teachers", None) or {}
         experts = getattr(args, "aclarena_mopd_teacher_experts", None)
         pool = getattr(args, "aclarena_mopd_teacher_pool", None) or getattr(args, "rm_url", None)
-        return _table(_freeze(servers), _freeze(experts), pool)
-
-
-def _freeze(value: Any) -> Any:
-    """A hashable copy of a config value, so the parsed table is cached per configuration."""
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-    return value
+        # JSON text as the cache key: the table is parsed once per configuration, not once per sample.
+        return _table(json.dumps(dict(servers), sort_keys=True), json.dumps(experts, sort_keys=True), pool)
 
 
 @functools.lru_cache(maxsize=16)
-def _table(servers: tuple, experts: Any, pool: str | None) -> TeacherTable:
+def _table(servers_json: str, experts_json: str, pool: str | None) -> TeacherTable:
     parsed: dict[str, Teacher] = {}
-    for tag, entry in servers:
-        entry = dict(entry) if isinstance(entry, tuple) else {"url": entry}
+    for tag, entry in json.loads(servers_json).items():
+        entry = entry if isinstance(entry, dict) else {"url": entry}
         if not entry.get("url"):
             raise TeacherConfigError(f"MOPD teacher for {tag!r} has no url")
         parsed[tag] = Teacher(_base_url(str(entry["url"])), entry.get("lora_path"))
+    experts = json.loads(experts_json)
     table = None
-    if isinstance(experts, tuple):
-        table = ExpertTable.from_mapping(dict(experts))
+    if isinstance(experts, dict):
+        table = ExpertTable.from_mapping(experts)
     elif experts:
         table = ExpertTable.load(str(experts))
     if table is not None and not pool:
@@ -131,7 +128,7 @@ async def teacher_log_probs_reward(args: Any, sample: Any, **_: Any) -> float | 
     reward, so None would crash them) and :func:`mopd_post_process` leaves it out of its group's baseline.
     """
     if isinstance(sample, list):
-        return [await teacher_log_probs_reward(args, one) for one in sample]
+        return list(await asyncio.gather(*(teacher_log_probs_reward(args, one) for one in sample)))
     teacher = TeacherTable.from_args(args).for_tag(env_tag(sample))
     try:
         sample.teacher_log_probs = await score_response(teacher, sample, _temperature(args))

@@ -116,14 +116,15 @@ async def test_each_sample_is_scored_by_the_teacher_of_its_env_tag(tiny_checkpoi
 async def test_lora_experts_on_one_pool_pick_the_adapter_by_tag(tiny_checkpoint, tiny_tokenizer, tmp_path):
     samples = await _student_samples(tiny_checkpoint, tiny_tokenizer)
     manifest = tmp_path / "experts.json"
-    manifest.write_text(json.dumps({"version": 1, "experts": {"math": {"adapter": "math_v1"}, "mock": "mock_v2"}}))
+    full = {"version": 1, "experts": {"math": {"adapter": "math_v1"}, "mock": "mock_v2"}}
+    manifest.write_text(json.dumps(full))
     async with FakeTeacher(tiny_tokenizer, {"math_v1": 3.0, "mock_v2": 4.0}) as pool:
-        for experts in (str(manifest), {"math": "math_v1", "mock": "mock_v2"}):
+        for experts in (str(manifest), full, {"math": "math_v1", "mock": "mock_v2"}):
             # the pool may come from slime's own --rm-url (single-teacher OPD's flag)
             args = _mopd_args(tiny_checkpoint, aclarena_mopd_teacher_experts=experts, rm_url=f"{pool.url}/generate")
             for sample in samples:
                 assert await teacher_log_probs_reward(args, sample) == 0.0
-    assert [r["lora_path"] for r in pool.requests] == ["math_v1", "mock_v2"] * 2
+    assert [r["lora_path"] for r in pool.requests] == ["math_v1", "mock_v2"] * 3
     assert samples[0].teacher_log_probs == _expected(samples[0], 3.0)
     assert samples[1].teacher_log_probs == _expected(samples[1], 4.0)
 
