@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--tokenizer", help="the model's tokenizer folder (default: --local-model)")
     run.add_argument("--out", type=Path, required=True, help="results folder")
     run.add_argument("--data-root", type=Path, default=Path("."), help="folder that relative dataset paths start from")
+    _service_argument(run)
     experts = run.add_mutually_exclusive_group()
     experts.add_argument("--experts", type=Path, help="experts.json: route each env tag to its LoRA expert")
     experts.add_argument("--expert", action="append", default=[], metavar="TAG=ADAPTER", help="one route (repeatable)")
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     config.add_argument(
         "--data-root", type=Path, default=Path("."), help="folder that relative dataset paths start from"
     )
+    _service_argument(config)
     config.set_defaults(handler=slime_config_command)
 
     matrix = actions.add_parser(
@@ -95,6 +97,16 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
     return out
 
 
+def _service_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--service",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="value of a service the suite declares (retriever_url, retail_data_dir, user_sim_url, ...); repeatable",
+    )
+
+
 def run_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -106,7 +118,8 @@ def run_command(args: argparse.Namespace) -> int:
     from aclarena_slime.sglang_client import SGLangClient, SGLangError, close_sessions
 
     try:
-        suite = load_suite(args.suite).select(args.only).with_limit(args.limit)
+        services = _pairs(args.service, "--service")
+        suite = load_suite(args.suite, services).select(args.only).with_limit(args.limit).require_services()
         experts = None
         if args.experts:
             experts = ExpertTable.load(args.experts)
@@ -197,7 +210,7 @@ def slime_config_command(args: argparse.Namespace) -> int:
     from aclarena_slime.evaluation import SuiteError, load_suite, write_slime_eval_config
 
     try:
-        suite = load_suite(args.suite)
+        suite = load_suite(args.suite, _pairs(args.service, "--service")).require_services()
     except SuiteError as exc:
         raise CommandError(str(exc)) from exc
     print(write_slime_eval_config(suite, args.output, args.data_root.resolve()))

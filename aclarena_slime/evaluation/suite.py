@@ -16,13 +16,16 @@ Dataset keys: ``env`` and ``path`` (required), ``domain`` (the column of the for
 env tag by default), ``n_samples``, ``temperature``, ``top_p``, ``top_k``, ``max_response_len``
 (token budget of the whole response, observations included), ``max_turns``, ``limit`` (first N
 records), ``env_config`` (the env's settings), ``chat_template_kwargs``. Unknown keys are errors.
-``$VAR`` / ``${VAR}`` in ``path`` and in ``env_config`` strings are replaced from the environment
-(a retriever URL, a data folder), so one suite serves every machine.
+Machine-specific values (a retriever URL, a data folder, the user simulator) are declared once under
+``services:`` and referenced as ``${services.NAME}`` in ``path`` and ``env_config`` strings; the
+command line fills them (``aclarena eval run SUITE --service retriever_url=http://...``), so one suite
+serves every machine. A dataset whose services are still unset refuses to run and names the flag.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -72,6 +75,20 @@ class EvalSuite:
     name: str
     datasets: tuple[EvalDataset, ...]
 
+    def require_services(self) -> EvalSuite:
+        """The suite itself, once every ``${services.NAME}`` its datasets use has a value."""
+        missing = {
+            f"{d.name}: {name}" for d in self.datasets for name in _SERVICE_REF.findall(repr((d.path, d.env_config)))
+        }
+        if missing:
+            names = sorted({m.split(": ")[1] for m in missing})
+            raise SuiteError(
+                f"suite {self.name!r} needs values for {', '.join(sorted(missing))}; "
+                + " ".join(f"pass --service {n}=VALUE" for n in names)
+                + " (or --only the datasets that need none)"
+            )
+        return self
+
     def select(self, names: list[str] | None) -> EvalSuite:
         """The suite restricted to ``names`` (all when empty); unknown names are an error."""
         if not names:
@@ -100,13 +117,20 @@ _FLOATS = {"temperature", "top_p"}
 _DICTS = {"env_config", "chat_template_kwargs"}
 
 
-def parse_suite(data: Any, source: str = "<suite>") -> EvalSuite:
+def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] | None = None) -> EvalSuite:
     """Build a suite from its YAML mapping, with errors that name ``source`` and the key."""
     if not isinstance(data, Mapping):
         raise SuiteError(f"{source}: a suite is a mapping with 'datasets'")
-    unknown = set(data) - {"name", "defaults", "datasets"}
+    unknown = set(data) - {"name", "defaults", "datasets", "services"}
     if unknown:
-        raise SuiteError(f"{source}: unknown top-level key(s) {sorted(unknown)}; expected name, defaults, datasets")
+        raise SuiteError(
+            f"{source}: unknown top-level key(s) {sorted(unknown)}; expected name, services, defaults, datasets"
+        )
+    declared = dict(data.get("services") or {})
+    undeclared = set(services or {}) - set(declared)
+    if undeclared:
+        raise SuiteError(f"{source}: no service {sorted(undeclared)} declared; declared: {', '.join(sorted(declared))}")
+    values = {k: v for k, v in {**declared, **dict(services or {})}.items() if v is not None}
     defaults = _check_keys(data.get("defaults") or {}, f"{source}: defaults")
     entries = data.get("datasets")
     if isinstance(entries, list):
@@ -122,17 +146,35 @@ def parse_suite(data: Any, source: str = "<suite>") -> EvalSuite:
         for key in ("env", "path"):
             if not merged.get(key):
                 raise SuiteError(f"{where}: '{key}' is required")
+        for ref in _SERVICE_REF.findall(repr((merged.get("path"), merged.get("env_config")))):
+            if ref not in declared:
+                raise SuiteError(f"{where}: ${{services.{ref}}} is not declared under services")
+        merged = {k: _substitute(v, values) if k in ("path", "env_config") else v for k, v in merged.items()}
         datasets.append(EvalDataset(name=str(name), **{k: _coerce(k, v, where) for k, v in merged.items()}))
     return EvalSuite(name=str(data.get("name") or Path(source).stem), datasets=tuple(datasets))
 
 
-def load_suite(path: str | Path) -> EvalSuite:
+def load_suite(path: str | Path, services: Mapping[str, str] | None = None) -> EvalSuite:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise SuiteError(f"cannot read eval suite {path}: {exc}") from exc
-    return parse_suite(data, str(path))
+    return parse_suite(data, str(path), services)
+
+
+_SERVICE_REF = re.compile(r"\$\{services\.(\w+)\}")
+
+
+def _substitute(value: Any, values: Mapping[str, Any]) -> Any:
+    """``${services.NAME}`` replaced where ``NAME`` has a value; left in place (and refused later) otherwise."""
+    if isinstance(value, str):
+        return _SERVICE_REF.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), value)
+    if isinstance(value, Mapping):
+        return {k: _substitute(v, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, values) for v in value]
+    return value
 
 
 def _check_keys(entry: Any, where: str) -> dict[str, Any]:
@@ -165,15 +207,5 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     if key in _DICTS and not isinstance(value, Mapping):
         raise SuiteError(f"{where}: {key} must be a mapping, got {value!r}")
     if key in _DICTS:
-        return {k: _expand(v) for k, v in value.items()} if key == "env_config" else dict(value)
-    return _expand(str(value)) if key == "path" else str(value)
-
-
-def _expand(value: Any) -> Any:
-    if isinstance(value, str):
-        return os.path.expandvars(value)
-    if isinstance(value, Mapping):
-        return {k: _expand(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v) for v in value]
-    return value
+        return dict(value)
+    return str(value)

@@ -41,8 +41,21 @@ def test_entries_route_through_our_functions_with_the_env_tag():
 
 def test_cli_writes_loadable_yaml(tmp_path):
     out = tmp_path / "eval.yaml"
-    assert main(["eval", "slime-config", str(PAPER), "-o", str(out), "--data-root", str(tmp_path)]) == 0
+    services = [
+        "--service",
+        "retriever_url=http://127.0.0.1:8000/retrieve",
+        "--service",
+        "retail_data_dir=/d",
+        "--service",
+        "user_sim_url=http://127.0.0.1:30001/v1",
+        "--service",
+        "user_sim_model=sim",
+    ]
+    base = ["eval", "slime-config", str(PAPER), "-o", str(out), "--data-root", str(tmp_path)]
+    assert main(base) == 2 and not out.exists(), "unset services are refused before anything is written"
+    assert main(base + services) == 0
     data = yaml.safe_load(out.read_text())
+
     names = [d["name"] for d in data["eval"]["datasets"]]
     assert names == [d.name for d in load_suite(PAPER).datasets]
     assert all(d["path"].startswith(str(tmp_path)) for d in data["eval"]["datasets"])

@@ -75,19 +75,27 @@ def test_unreadable_suite_is_a_suite_error(tmp_path):
         load_suite(tmp_path / "s.yaml")
 
 
-def test_select_limit_and_env_vars(monkeypatch):
-    monkeypatch.setenv("ACLARENA_TEST_URL", "http://x:1")
-    suite = parse_suite(
-        {
-            "datasets": {
-                "a": {"env": "math", "path": "$ACLARENA_TEST_DIR/a.jsonl", "limit": 5},
-                "b": {"env": "search", "path": "b", "env_config": {"url": "${ACLARENA_TEST_URL}", "k": 3}},
-            }
-        }
-    )
+def test_select_limit_and_services():
+    data = {
+        "services": {"url": None, "root": "/data"},
+        "datasets": {
+            "a": {"env": "math", "path": "${services.root}/a.jsonl", "limit": 5},
+            "b": {"env": "search", "path": "b", "env_config": {"url": "${services.url}", "k": 3}},
+        },
+    }
+    suite = parse_suite(data, services={"url": "http://x:1"}).require_services()
+    assert suite.datasets[0].path == "/data/a.jsonl"
     assert suite.datasets[1].env_config == {"url": "http://x:1", "k": 3}
     assert [d.limit for d in suite.with_limit(2).datasets] == [2, 2]
     assert [d.limit for d in suite.with_limit(9).datasets] == [5, 9]
     assert [d.name for d in suite.select(["b"]).datasets] == ["b"]
     with pytest.raises(SuiteError, match="no dataset c"):
         suite.select(["c"])
+    unset = parse_suite(data)
+    unset.select(["a"]).require_services()  # a dataset that needs no unset service runs
+    with pytest.raises(SuiteError, match="b: url.*--service url=VALUE"):
+        unset.require_services()
+    with pytest.raises(SuiteError, match="no service \\['typo'\\] declared"):
+        parse_suite(data, services={"typo": "x"})
+    with pytest.raises(SuiteError, match="not declared under services"):
+        parse_suite({"datasets": {"a": {"env": "math", "path": "${services.nope}/a"}}})
