@@ -48,7 +48,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     client = SGLangClient.from_host_port(args.sglang_router_ip, args.sglang_router_port)
     chat = chat_tokens(args.hf_checkpoint)
     traj = await run_episode(env, task_of(sample), client, chat, sampling_params, settings)
-    fill_sample(sample, traj, chat)
+    fill_sample(sample, traj, chat, floor_reward=env.reward_range[0])
     return sample
 
 
@@ -63,6 +63,8 @@ async def reward(args: Any, sample: Any, **_: Any) -> float:
         return float(record["score"]["reward"])
     tag = env_tag(sample)
     env = get_environment(tag, env_config(args, tag))
+    if record.get("error"):  # the env failed on this sample: a placeholder, never trained on
+        return float(env.reward_range[0])
     episode = await env.start(task_of(sample))
     try:
         for text in record.get("turns") or [sample.response]:
@@ -113,8 +115,12 @@ def chat_tokens(hf_checkpoint: str) -> ChatTokens:
     return ChatTokens(AutoTokenizer.from_pretrained(hf_checkpoint, trust_remote_code=True))
 
 
-def fill_sample(sample: Any, traj: Trajectory, chat: ChatTokens) -> None:
-    """Write a trajectory into slime's ``Sample`` fields (or a duck-typed equivalent)."""
+def fill_sample(sample: Any, traj: Trajectory, chat: ChatTokens, floor_reward: float = 0.0) -> None:
+    """Write a trajectory into slime's ``Sample`` fields (or a duck-typed equivalent).
+
+    A sample the env failed or aborted gets ``remove_sample`` (slime zeroes its loss mask) and the
+    env's lowest reward as a placeholder: slime's metrics need a number, the policy must not learn from it.
+    """
     sample.tokens = traj.tokens
     sample.response = chat.turn_text(traj.response_ids)
     sample.response_length = len(traj.response_ids)
@@ -124,6 +130,7 @@ def fill_sample(sample: Any, traj: Trajectory, chat: ChatTokens) -> None:
     if traj.status in (ABORTED, FAILED) and traj.end_reason != "engine_abort":
         # An env service or env bug, not the policy: never train on it.
         sample.remove_sample = True
+        sample.reward = floor_reward
     if not isinstance(sample.metadata, dict):
         sample.metadata = dict(sample.metadata or {})
     sample.metadata[RECORD_KEY] = traj.record()

@@ -165,7 +165,8 @@ async def test_env_errors_fail_or_abort_with_reason(tiny_checkpoint, tiny_tokeni
         out = await generate(_args(tiny_checkpoint, engine), FakeSample(metadata={"env": FragileEnv.tag}), _params())
     check_invariants(out)
     record = out.metadata["aclarena"]
-    assert out.remove_sample
+    assert out.remove_sample and out.reward == 0.0, "a placeholder reward for slime's metrics, never trained on"
+    assert await reward(_args(tiny_checkpoint, engine), out) == 0.0
     if failure == "crash":
         assert out.status is S.FAILED and "simulated env bug" in record["error"]
     else:

@@ -183,8 +183,11 @@ async def _one(
         "breakdown": traj.score.breakdown if traj.score is not None else None,
         "label": task.label,
         "turns": traj.turns,
+        "messages": traj.messages,  # the whole conversation: SDFT builds its SFT records from these
         "response_tokens": len(traj.response_ids),
     }
+    if traj.tools:
+        line["tools"] = traj.tools
     if traj.error:
         line["error"] = traj.error
     if settings.save_tokens:

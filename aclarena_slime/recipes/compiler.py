@@ -166,6 +166,7 @@ def _data_flags(flags: _Flags, recipe: StageRecipe) -> None:
     data = recipe.data
     flags.add("prompt_data", data.prompt_data, "data.prompt_data")
     flags.add("input_key", data.input_key, "data.input_key")
+    flags.add("tool_key", data.tool_key, "data.tool_key")
     flags.add("label_key", data.label_key, "data.label_key")
     flags.add("metadata_key", data.metadata_key, "data.metadata_key")
     flags.add("apply_chat_template", data.apply_chat_template, "data.apply_chat_template")

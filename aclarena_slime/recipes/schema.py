@@ -115,6 +115,7 @@ class DataConfig:
     env: str = MISSING  # env tag = metadata.env of the records
     prompt_data: str = MISSING
     input_key: str = "prompt"
+    tool_key: str | None = None  # chat-format SFT data: the records' tool schemas, rendered by the template
     label_key: str | None = "label"
     metadata_key: str = "metadata"
     apply_chat_template: bool = False  # our generate renders the chat itself
