@@ -48,10 +48,12 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice) -> str:
     lines.append(f"# {command.custom_config_path}:")
     lines += ["#   " + line for line in json.dumps(command.custom_config, indent=2).splitlines()]
     lines.append(command.shell(dashboard))
-    if choice.name == "local":
+    if choice.name == "local" and recipe.kind == "rl":
         from aclarena_slime.launcher.local_stage import local_settings
 
         lines.append(f"# local backend settings: {json.dumps(local_settings(recipe), default=str)}")
+    elif choice.name == "local":
+        lines.append(f"# the local backend runs RL stages only; this {recipe.kind} stage needs the slime backend")
     return "\n".join(lines)
 
 

@@ -111,3 +111,10 @@ def test_service_that_dies_is_reported_with_its_log(tmp_path: Path):
     with pytest.raises(ServiceError, match="exited with status 3"):
         start_service("retriever", service, tmp_path, poll_s=0.05)
     assert "no corpus" in (tmp_path / "retriever.log").read_text()
+
+
+@pytest.mark.parametrize("name", ["sdft_backbone", "mopd", "mle_retail", "oracle_math", "stage4_if"])
+def test_dry_run_prints_every_recipe_kind_even_where_local_cannot_run_it(name: str, tmp_path: Path, capsys):
+    assert main([str(REPO / f"recipes/{name}.yaml"), "--dry-run", f"paths.root={tmp_path}", "backend=local"]) == 0
+    out = capsys.readouterr().out
+    assert "ray job submit" in out and "/train.py" in out
