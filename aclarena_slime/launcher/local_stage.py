@@ -29,8 +29,25 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
             lora_target_modules=tuple(recipe.lora.target_modules),
             adapter_name=recipe.lora.adapter_name or recipe.data.env,
         )
-    values.update(recipe.cluster.local)
+    local = dict(recipe.cluster.local)
+    values["env_config"] = _merged(
+        values["env_config"], (local.pop("env_config", None) or {}).get(recipe.data.env) or {}
+    )
+    values.update(local)
     return values
+
+
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base``, recursively; a None value removes the key."""
+    out = dict(base)
+    for key, value in override.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def local_config(recipe: StageRecipe) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +30,15 @@ class RunningService:
 
 
 def service_command(service: Any) -> list[str]:
-    return [str(part).replace("{host}", service.host).replace("{port}", str(service.port)) for part in service.command]
+    """The service's argv with ``{host}``, ``{port}`` and ``{python}`` (this interpreter) filled in."""
+    fill = {"{host}": service.host, "{port}": str(service.port), "{python}": sys.executable}
+    out = []
+    for part in service.command:
+        part = str(part)
+        for key, value in fill.items():
+            part = part.replace(key, value)
+        out.append(part)
+    return out
 
 
 def is_ready(url: str, timeout_s: float = 2.0) -> bool:

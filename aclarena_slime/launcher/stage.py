@@ -37,7 +37,18 @@ def normalise_overrides(overrides: list[str]) -> list[str]:
     return [f"cluster.{item}" if item.startswith("backend=") else item for item in overrides]
 
 
-def dry_run_text(recipe: StageRecipe, choice: BackendChoice) -> str:
+def local_profile(path: str, overrides: list[str], recipe: StageRecipe) -> StageRecipe:
+    """The recipe as the local backend runs it on a laptop: the ``cluster=local`` profile, and the
+    working directory as ``paths.root`` (outputs in ``./runs``), unless the user named either."""
+    extra = []
+    if recipe.cluster.name != "local" and not any(item.startswith("cluster=") for item in overrides):
+        extra.append("cluster=local")
+    if not any(item.startswith("paths.root=") for item in overrides):
+        extra.append(f"paths.root={Path.cwd()}")
+    return load_recipe(path, [*extra, *overrides]) if extra else recipe
+
+
+def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: StageRecipe | None = None) -> str:
     command = compile_recipe(recipe)
     dashboard = f"http://{recipe.cluster.ray.address}:{recipe.cluster.ray.dashboard_port}"
     lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
@@ -51,7 +62,8 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice) -> str:
     if choice.name == "local" and recipe.kind == "rl":
         from aclarena_slime.launcher.local_stage import local_settings
 
-        lines.append(f"# local backend settings: {json.dumps(local_settings(recipe), default=str)}")
+        settings = local_settings(local_recipe or recipe)
+        lines.append(f"# local backend settings: {json.dumps(settings, default=str)}")
     elif choice.name == "local":
         lines.append(f"# the local backend runs RL stages only; this {recipe.kind} stage needs the slime backend")
     return "\n".join(lines)
@@ -64,7 +76,7 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
     log_dir = Path(recipe.run_dir) / "services"
     started = []
     try:
-        for name, service in recipe.services.items():
+        for name, service in recipe.services.items() if choice.name == "slime" else ():
             started.append(start_service(name, service, log_dir))
         if choice.name == "local":
             from aclarena_slime.launcher.local_stage import run_local
@@ -102,20 +114,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the exact slime command and stop")
     args = parser.parse_intermixed_args(argv)
     try:
-        recipe = load_recipe(args.recipe, normalise_overrides(args.overrides))
+        overrides = normalise_overrides(args.overrides)
+        recipe = load_recipe(args.recipe, overrides)
         choice = choose_backend(recipe.cluster.backend)
         print(f"[stage] backend: {choice.name} ({choice.reason})", file=sys.stderr)
+        local_recipe = (
+            local_profile(args.recipe, overrides, recipe) if choice.name == "local" and recipe.kind == "rl" else None
+        )
         if args.dry_run:
-            print(dry_run_text(recipe, choice))
+            print(dry_run_text(recipe, choice, local_recipe))
             return 0
-        result = run_recipe(recipe, choice)
+        if local_recipe is not None and local_recipe is not recipe:
+            print(
+                f"[stage] local backend: cluster={local_recipe.cluster.name} profile, outputs in {local_recipe.run_dir}",
+                file=sys.stderr,
+            )
+        result = run_recipe(local_recipe or recipe, choice)
     except (RecipeError, UnknownFlagError, BackendUnavailable) as exc:
         print(f"stage.sh: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a service, Ray or the local run failed: one line, not a traceback
         print(f"stage.sh: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    print(finished_text(result), file=sys.stderr)
     return result.status
+
+
+def finished_text(result: StageResult) -> str:
+    """One closing line: where the outputs are and, on the local backend, the reward before and after."""
+    parts = [f"[stage] {result.backend} stage finished with status {result.status}"]
+    if result.adapter:
+        parts.append(f"adapter (PEFT): {result.adapter}")
+    if result.checkpoint:
+        parts.append(f"checkpoint: {result.checkpoint}")
+    before, after = (result.metrics.get(k, {}).get("mean_reward") for k in ("eval_before", "eval_after"))
+    if before is not None and after is not None:
+        parts.append(f"eval mean reward {before:.3f} -> {after:.3f}")
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

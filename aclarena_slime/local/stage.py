@@ -81,7 +81,11 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
     try:
         async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
-            result = await _stage(cfg, url, model_dir, adapter_dir, trainer, engine)
+            env = get_environment(cfg.env, bind_engine(cfg.env_config, url, cfg.served_name))
+            try:
+                result = await _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine)
+            finally:
+                await env.aclose()  # its own clients (a user simulator) reopen if the env is used again
     finally:
         await close_sessions()
     result["seconds"] = round(time.monotonic() - started, 2)
@@ -90,12 +94,11 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     return result
 
 
-async def _stage(cfg, url, model_dir, adapter_dir, trainer, engine) -> dict[str, Any]:
+async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict[str, Any]:
     client = SGLangClient(url)
     name = cfg.expert_name
     await client.load_lora_adapter(name, str(adapter_dir))
     env_config = bind_engine(cfg.env_config, url, cfg.served_name)
-    env = get_environment(cfg.env, env_config)
     train_pool = read_jsonl(cfg.data_path, cfg.env) if cfg.data_path else None
     rng = random.Random(cfg.seed)
     n_train = cfg.steps * cfg.prompts_per_step

@@ -100,7 +100,7 @@ def build_tiny_qwen3(vocab_size: int, seed: int = 0, hidden_size: int = 64, num_
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden_size // 4,
-        max_position_embeddings=4096,
+        max_position_embeddings=32768,  # room for tool-heavy prompts (the τ³ policy + 16 tool schemas)
         tie_word_embeddings=False,
     )
     return Qwen3ForCausalLM(config).eval()

@@ -118,7 +118,7 @@ async def test_load_unload_protocol(engine, adapter_dir):
         ({"input_ids": [1], "sampling_params": {"temprature": 1}}, "temprature"),
         ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": "many"}}, "sampling_params"),
-        ({"input_ids": [1] * 5000}, "exceeds the context"),
+        ({"input_ids": [1] * 40_000}, "exceeds the context"),
     ],
 )
 async def test_bad_requests_get_a_400_naming_the_problem(engine, payload, words):
