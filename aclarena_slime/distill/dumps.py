@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.jsonl import JsonlError, iter_jsonl
+
 DUMP_SUFFIXES = (".pt", ".jsonl")
 RECORD_KEY = "aclarena"  # where aclarena_slime.rollout keeps the episode record in sample.metadata
 
@@ -68,17 +70,11 @@ def read_dump(path: str | Path, domain: str | None = None, trust_pickle: bool = 
                 raise DumpError(f"{path}: sample {index} is a {type(sample).__name__}, not a Sample.to_dict() dict")
             yield episode_from_record(sample, f"{path}:{index}", domain)
         return
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DumpError(f"{path}:{number}: not JSON ({exc})") from None
-            if not isinstance(record, Mapping):
-                raise DumpError(f"{path}:{number}: a record is a JSON object")
+    try:
+        for number, record in iter_jsonl(path):
             yield episode_from_record(record, f"{path}:{number}", domain)
+    except JsonlError as exc:
+        raise DumpError(str(exc)) from None
 
 
 def _slime_samples(path: Path, trust_pickle: bool) -> list[Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 
 from aclarena_slime.distill.balanced_source import BalancedDataSource
 from aclarena_slime.distill.dumps import DumpedEpisode
+from aclarena_slime.jsonl import write_jsonl_atomic
 
 __all__ = [
     "BalancedDataSource",
@@ -181,10 +181,5 @@ def write_mixture(records: list[dict], out: str | Path, overwrite: bool = False)
     out = Path(out)
     if out.exists() and not overwrite:
         raise MixtureError(f"{out} exists; choose another path or allow overwriting")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, out)
+    write_jsonl_atomic(records, out)
     return out

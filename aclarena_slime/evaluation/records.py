@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from aclarena_slime.contract import Task
+from aclarena_slime.jsonl import JsonlError, iter_jsonl
 
 
 class DatasetError(ValueError):
@@ -20,33 +21,29 @@ def read_tasks(path: Path, env_tag: str, limit: int | None = None) -> list[Task]
     if not path.is_file():
         raise DatasetError(f"eval dataset {path} does not exist")
     tasks: list[Task] = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if limit is not None and len(tasks) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{number}: not JSON ({exc})") from None
-            if not isinstance(record, dict) or "prompt" not in record:
-                raise DatasetError(f"{path}:{number}: a record is an object with 'prompt', 'label', 'metadata'")
-            metadata = record.get("metadata") or {}
-            if isinstance(metadata, str):
-                try:
-                    metadata = json.loads(metadata)
-                except json.JSONDecodeError:
-                    raise DatasetError(f"{path}:{number}: metadata is a string but not JSON") from None
-            if not isinstance(metadata, dict):
-                raise DatasetError(f"{path}:{number}: metadata must be an object")
-            if metadata.get("env", env_tag) != env_tag:
-                raise DatasetError(
-                    f"{path}:{number}: record is for env {metadata['env']!r}, the suite says {env_tag!r}"
-                )
-            tasks.append(
-                Task(prompt=record["prompt"], label=record.get("label"), metadata={**metadata, "env": env_tag})
-            )
+    try:
+        _read_into(tasks, path, env_tag, limit)
+    except JsonlError as exc:
+        raise DatasetError(str(exc)) from None
     if not tasks:
         raise DatasetError(f"eval dataset {path} has no records")
     return tasks
+
+
+def _read_into(tasks: list[Task], path: Path, env_tag: str, limit: int | None) -> None:
+    for number, record in iter_jsonl(path):
+        if limit is not None and len(tasks) >= limit:
+            return
+        if "prompt" not in record:
+            raise DatasetError(f"{path}:{number}: a record is an object with 'prompt', 'label', 'metadata'")
+        metadata = record.get("metadata") or {}
+        if isinstance(metadata, str):
+            try:
+                metadata = json.loads(metadata)
+            except json.JSONDecodeError:
+                raise DatasetError(f"{path}:{number}: metadata is a string but not JSON") from None
+        if not isinstance(metadata, dict):
+            raise DatasetError(f"{path}:{number}: metadata must be an object")
+        if metadata.get("env", env_tag) != env_tag:
+            raise DatasetError(f"{path}:{number}: record is for env {metadata['env']!r}, the suite says {env_tag!r}")
+        tasks.append(Task(prompt=record["prompt"], label=record.get("label"), metadata={**metadata, "env": env_tag}))

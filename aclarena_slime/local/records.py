@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aclarena_slime.contract import Environment
+from aclarena_slime.jsonl import JsonlError, iter_jsonl
 
 
 class RecordError(ValueError):
@@ -56,16 +57,10 @@ def read_jsonl(path: str | Path, tag: str) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"data file {path} does not exist")
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{path}:{line_no}: not JSON ({exc.msg})") from exc
-            records.append(_checked(record, tag, f"{path}:{line_no}"))
+    try:
+        records = [_checked(record, tag, f"{path}:{n}") for n, record in iter_jsonl(path)]
+    except JsonlError as exc:
+        raise RecordError(str(exc)) from None
     if not records:
         raise RecordError(f"data file {path} holds no records")
     return records

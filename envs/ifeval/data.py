@@ -26,6 +26,7 @@ from typing import Any
 from aclarena_envs.ifeval.checkers import LabelError
 from aclarena_envs.ifeval.generator import generate
 from aclarena_envs.ifeval.reward import Label
+from aclarena_slime.jsonl import JsonlError, iter_jsonl, write_jsonl_atomic
 
 
 class RecordError(ValueError):
@@ -34,17 +35,10 @@ class RecordError(ValueError):
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each non-blank line; RecordError on a line that is not a JSON object."""
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{path}:{number}: not JSON: {exc}") from None
-            if not isinstance(record, dict):
-                raise RecordError(f"{path}:{number}: expected a JSON object")
-            yield number, record
+    try:
+        yield from iter_jsonl(path)
+    except JsonlError as exc:
+        raise RecordError(str(exc)) from None
 
 
 def from_ifeval(record: dict[str, Any]) -> dict[str, Any]:
@@ -121,19 +115,6 @@ def convert(path: Path, kind: str, skip_invalid: bool = False) -> tuple[list[dic
     return records, skipped
 
 
-def write_jsonl(records: Iterable[dict[str, Any]], output: Path) -> int:
-    """Write atomically: a failed conversion leaves no half-written file behind."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(output.suffix + ".tmp")
-    count = 0
-    with tmp.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
-    tmp.replace(output)
-    return count
-
-
 def main(argv: list[str]) -> int:
     """``aclarena data prepare ifeval {ifeval,rlvr,generate} ...``."""
     parser = argparse.ArgumentParser(
@@ -167,6 +148,6 @@ def main(argv: list[str]) -> int:
         except RecordError as exc:
             print(f"aclarena data prepare ifeval: {exc}", file=sys.stderr)
             return 2
-    written = write_jsonl(records, args.output)
+    written = write_jsonl_atomic(records, args.output)
     print(json.dumps({"written": written, "skipped": skipped, "output": str(args.output)}))
     return 0

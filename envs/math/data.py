@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.jsonl import iter_jsonl, write_jsonl_atomic
+
 # DAPO-Math-17k wraps each problem in an "Answer: $Answer" instruction; we keep only the problem.
 _DAPO_HEAD = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.S)
 _DAPO_TAIL = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
@@ -25,13 +27,8 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
 
         yield from pq.read_table(path).to_pylist()
         return
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
+    for _, record in iter_jsonl(path):
+        yield record
 
 
 def problem_text(record: dict[str, Any]) -> str:
@@ -61,18 +58,6 @@ def to_slime(records: Iterable[dict[str, Any]], source: str, split: str | None =
         yield {"prompt": problem_text(record), "label": answer_text(record), "metadata": metadata}
 
 
-def write_jsonl(records: Iterable[dict[str, Any]], output: Path) -> int:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(output.suffix + ".tmp")
-    n = 0
-    with tmp.open("w") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            n += 1
-    tmp.replace(output)
-    return n
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="aclarena data prepare math",
@@ -83,6 +68,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--source", default=None, help="source name for metadata (default: the file's stem)")
     parser.add_argument("--split", default=None, help="split name for metadata, e.g. train or aime26")
     args = parser.parse_args(argv)
-    n = write_jsonl(to_slime(read_records(args.input), args.source or args.input.stem, args.split), args.output)
+    n = write_jsonl_atomic(to_slime(read_records(args.input), args.source or args.input.stem, args.split), args.output)
     print(json.dumps({"written": n, "output": str(args.output)}))
     return 0

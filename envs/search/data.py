@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.jsonl import iter_jsonl, write_jsonl_atomic
+
 from . import demo_corpus
 
 SINGLE_HOP = ("nq", "triviaqa", "popqa")
@@ -42,13 +44,8 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
             yield from batch.to_pylist()
         return
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"line {n}: not JSON: {exc.msg}") from None
+    for _, record in iter_jsonl(path):
+        yield record
 
 
 def question_of(record: dict[str, Any]) -> str:
@@ -107,30 +104,13 @@ def demo_records(questions: Iterable[demo_corpus.DemoQuestion], split: str) -> I
         yield {"prompt": q.question, "label": {"target": q.answers}, "metadata": metadata}
 
 
-def write_jsonl(records: Iterable[dict[str, Any]], output: Path) -> int:
-    """Write through a temporary file so a failure half-way leaves no truncated output behind."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(output.suffix + ".tmp")
-    n = 0
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                n += 1
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(output)
-    return n
-
-
 def write_demo(directory: Path, n_passages: int, seed: int) -> dict[str, Any]:
     """The demo corpus and its questions (80% train, 20% test) under ``directory``."""
     corpus = demo_corpus.generate(n_passages, seed)
     corpus_path = demo_corpus.write_jsonl(corpus.passages, directory / "corpus.jsonl")
     cut = int(len(corpus.questions) * 0.8)
-    n_train = write_jsonl(demo_records(corpus.questions[:cut], "train"), directory / "train.jsonl")
-    n_test = write_jsonl(demo_records(corpus.questions[cut:], "test"), directory / "test.jsonl")
+    n_train = write_jsonl_atomic(demo_records(corpus.questions[:cut], "train"), directory / "train.jsonl")
+    n_test = write_jsonl_atomic(demo_records(corpus.questions[cut:], "test"), directory / "test.jsonl")
     return {"corpus": str(corpus_path), "passages": len(corpus.passages), "train": n_train, "test": n_test}
 
 
@@ -155,7 +135,7 @@ def main(argv: list[str]) -> int:
     if not args.input or not args.output:
         parser.error("give --input FILE... and --output FILE, or --demo DIR")
     try:
-        n = write_jsonl(convert(args.input, args.source, args.split), args.output)
+        n = write_jsonl_atomic(convert(args.input, args.source, args.split), args.output)
     except (ValueError, FileNotFoundError) as exc:
         print(f"aclarena data prepare search: {exc}", file=sys.stderr)
         return 2

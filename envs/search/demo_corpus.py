@@ -9,11 +9,12 @@ passages must be chained) kinds, like NQ and HotpotQA.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from aclarena_slime.jsonl import write_jsonl_atomic
 
 _SYLLABLES = (
     "ka ro mi ta ve lun dor bre sa thi qua nel mo zan fir gal hed ia pol rim "
@@ -127,9 +128,5 @@ def generate(n_passages: int = 120, seed: int = 0) -> DemoCorpus:
 
 def write_jsonl(rows: list[dict[str, Any]], path: Path) -> Path:
     """Write one JSON object a line (the corpus format the retriever reads)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return path
+    write_jsonl_atomic(rows, path)
+    return Path(path)

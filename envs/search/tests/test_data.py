@@ -89,7 +89,7 @@ def test_bad_input_is_named_and_leaves_no_output(tmp_path, capsys, content, mess
 def test_bad_json_line_is_numbered(tmp_path, capsys):
     (tmp_path / "in.jsonl").write_text('{"question": "q", "golden_answers": ["a"]}\n{x\n')
     assert main(["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl")]) == 2
-    assert "line 2: not JSON" in capsys.readouterr().err
+    assert "in.jsonl:2: not JSON" in capsys.readouterr().err
 
 
 def test_demo_set_is_written_and_seeded(tmp_path, capsys):

@@ -1,0 +1,38 @@
+"""JSONL: errors name file and line; an interrupted write keeps the good file that was there."""
+
+from __future__ import annotations
+
+import pytest
+
+from aclarena_slime.jsonl import JsonlError, iter_jsonl, write_jsonl_atomic
+
+
+def test_round_trip_skips_blank_lines(tmp_path):
+    path = tmp_path / "d.jsonl"
+    assert write_jsonl_atomic([{"a": 1}, {"b": "é"}], path) == 2
+    path.write_text(path.read_text() + "\n\n")
+    assert list(iter_jsonl(path)) == [(1, {"a": 1}), (2, {"b": "é"})]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [('{"a": 1}\n{oops\n', "d.jsonl:2: not JSON"), ("[1, 2]\n", "d.jsonl:1: expected a JSON object")],
+)
+def test_bad_lines_are_located(tmp_path, text, message):
+    (tmp_path / "d.jsonl").write_text(text)
+    with pytest.raises(JsonlError, match=message):
+        list(iter_jsonl(tmp_path / "d.jsonl"))
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "d.jsonl"
+    write_jsonl_atomic([{"good": True}], path)
+
+    def records():
+        yield {"new": 1}
+        raise RuntimeError("conversion failed half-way")
+
+    with pytest.raises(RuntimeError):
+        write_jsonl_atomic(records(), path)
+    assert list(iter_jsonl(path)) == [(1, {"good": True})]
+    assert [p.name for p in tmp_path.iterdir()] == ["d.jsonl"]
