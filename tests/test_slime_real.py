@@ -9,37 +9,9 @@ from __future__ import annotations
 import pytest
 
 from aclarena_slime.testing.fake_sglang import FakeSGLang
-from aclarena_slime.testing.samples import check_invariants, make_args
+from aclarena_slime.testing.samples import check_invariants, make_slime_args
 
 pytestmark = pytest.mark.slime
-
-
-def _slime_args(ckpt, engine):
-    return make_args(
-        ckpt,
-        engine.host,
-        engine.port,
-        custom_generate_function_path="aclarena_slime.rollout.generate",
-        custom_rm_path="aclarena_slime.rollout.reward",
-        partial_rollout=False,
-        mask_offpolicy_in_partial_rollout=False,
-        group_rm=False,
-        sglang_server_concurrency=4,
-        rollout_num_gpus=1,
-        rollout_num_gpus_per_engine=1,
-        sglang_dp_size=None,
-        rollout_temperature=1.0,
-        rollout_top_p=1.0,
-        rollout_top_k=-1,
-        rollout_stop=None,
-        rollout_stop_token_ids=None,
-        rollout_skip_special_tokens=False,
-        rollout_sample_hook_path=None,
-        use_rollout_routing_replay=False,
-        ci_test=False,
-        rm_type=None,
-        reward_key=None,
-    )
 
 
 def test_slime_loader_finds_both_functions():
@@ -65,7 +37,7 @@ async def test_slime_generate_and_rm_drives_our_functions(
     from slime.utils.types import Sample
 
     async with FakeSGLang(tiny_tokenizer, replies) as engine:
-        args = _slime_args(tiny_checkpoint, engine)
+        args = make_slime_args(tiny_checkpoint, engine.host, engine.port)
         sample = Sample(prompt="What is 70 + 3?", label=label, metadata=dict(metadata))
         params = {"temperature": 1.0, "max_new_tokens": 128, "no_stop_trim": True}
         out = await generate_and_rm(args, sample, params)

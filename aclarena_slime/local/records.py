@@ -1,4 +1,4 @@
-"""Dataset records for a local stage, and the slime-shaped ``Sample`` the rollout functions fill.
+"""Dataset records for a local stage, turned into the slime-shaped samples the rollout functions fill.
 
 Records are slime JSONL (``prompt``, ``label``, ``metadata.env``) read from a file, or the env's
 generated ``demo_records`` when no file is named (no downloads).
@@ -8,48 +8,16 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from aclarena_slime.contract import Environment
 from aclarena_slime.jsonl import JsonlError, iter_jsonl
+from aclarena_slime.sample import Sample
 
 
 class RecordError(ValueError):
     """Records that cannot feed the stage; the message names the file and line."""
-
-
-@dataclass
-class Sample:
-    """The fields of slime's ``Sample`` that :mod:`aclarena_slime.rollout` reads and writes."""
-
-    class Status(Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    group_index: int | None = None
-    index: int | None = None
-    prompt: str | list[dict[str, Any]] = ""
-    tokens: list[int] = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    label: Any = None
-    reward: float | None = None
-    loss_mask: list[int] | None = None
-    rollout_log_probs: list[float] | None = None
-    remove_sample: bool = False
-    status: Status = Status.PENDING
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def usable(self) -> bool:
-        """Whether the sample may be trained on or counted (an aborted env service never is)."""
-        return not self.remove_sample and self.status not in (Sample.Status.ABORTED, Sample.Status.FAILED)
 
 
 def read_jsonl(path: str | Path, tag: str) -> list[dict[str, Any]]:

@@ -2,37 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
 from types import SimpleNamespace
 from typing import Any
 
+from aclarena_slime.sample import Sample
 
-@dataclass
-class FakeSample:
-    """The fields of ``slime.utils.types.Sample`` that a generate/reward function touches."""
-
-    class Status(Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    group_index: int | None = None
-    index: int | None = None
-    prompt: str | list[dict[str, str]] = ""
-    tokens: list[int] = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    label: Any = None
-    reward: float | dict[str, Any] | None = None
-    loss_mask: list[int] | None = None
-    rollout_log_probs: list[float] | None = None
-    teacher_log_probs: list[float] | None = None
-    remove_sample: bool = False
-    status: Status = Status.PENDING
-    metadata: dict = field(default_factory=dict)
+# Slime's ``Sample`` stand-in for tests that run without slime.
+FakeSample = Sample
 
 
 def make_args(hf_checkpoint: str, host: str, port: int, **overrides: Any) -> SimpleNamespace:
@@ -48,6 +24,33 @@ def make_args(hf_checkpoint: str, host: str, port: int, **overrides: Any) -> Sim
     for key, value in overrides.items():
         setattr(args, key, value)
     return args
+
+
+def make_slime_args(hf_checkpoint: str, host: str, port: int, **overrides: Any) -> SimpleNamespace:
+    """:func:`make_args` plus what slime's own ``generate_and_rm`` reads, for tests against real slime."""
+    slime_defaults: dict[str, Any] = dict(
+        custom_generate_function_path="aclarena_slime.rollout.generate",
+        custom_rm_path="aclarena_slime.rollout.reward",
+        partial_rollout=False,
+        mask_offpolicy_in_partial_rollout=False,
+        group_rm=False,
+        sglang_server_concurrency=4,
+        rollout_num_gpus=1,
+        rollout_num_gpus_per_engine=1,
+        sglang_dp_size=None,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        rollout_skip_special_tokens=False,
+        rollout_sample_hook_path=None,
+        use_rollout_routing_replay=False,
+        ci_test=False,
+        rm_type=None,
+        reward_key=None,
+    )
+    return make_args(hf_checkpoint, host, port, **{**slime_defaults, **overrides})
 
 
 def check_invariants(sample: Any) -> None:

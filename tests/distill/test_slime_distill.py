@@ -86,37 +86,18 @@ async def test_mopd_reward_inside_slime_generate_and_rm(tiny_checkpoint, tiny_to
 
     from aclarena_slime.distill.mopd import mopd_post_process
     from aclarena_slime.testing.fake_sglang import FakeSGLang
-    from aclarena_slime.testing.samples import make_args
+    from aclarena_slime.testing.samples import make_slime_args
 
     from .test_mopd import FakeTeacher, teacher_logprob
 
     async with FakeSGLang(tiny_tokenizer, ["<guess>apple</guess>", "<guess>pear</guess>"]) as student:
         async with FakeTeacher(tiny_tokenizer, {None: 2.0}) as teacher:
-            args = make_args(
+            args = make_slime_args(
                 tiny_checkpoint,
                 student.host,
                 student.port,
-                custom_generate_function_path="aclarena_slime.rollout.generate",
                 custom_rm_path="aclarena_slime.distill.mopd.teacher_log_probs_reward",
                 aclarena_mopd_teachers={"mock": teacher.url},
-                partial_rollout=False,
-                mask_offpolicy_in_partial_rollout=False,
-                group_rm=False,
-                sglang_server_concurrency=4,
-                rollout_num_gpus=1,
-                rollout_num_gpus_per_engine=1,
-                sglang_dp_size=None,
-                rollout_temperature=1.0,
-                rollout_top_p=1.0,
-                rollout_top_k=-1,
-                rollout_stop=None,
-                rollout_stop_token_ids=None,
-                rollout_skip_special_tokens=False,
-                rollout_sample_hook_path=None,
-                use_rollout_routing_replay=False,
-                ci_test=False,
-                rm_type=None,
-                reward_key=None,
                 advantage_estimator="grpo",
                 rewards_normalization=True,
                 grpo_std_normalization=True,
