@@ -26,7 +26,8 @@ class StageEntry:
 class EvaluationConfig:
     """The forgetting-matrix step: a command run after every stage (empty: the step is recorded as skipped).
 
-    Placeholders: ``{stage}``, ``{checkpoint}``, ``{adapter}``, ``{experts}``, ``{out}`` (the folder for
+    Placeholders: ``{python}`` (this interpreter), ``{stage}``, ``{checkpoint}``, ``{model}`` (the checkpoint,
+    or the local backend's base model), ``{adapter}``, ``{experts}``, ``{out}`` (the folder for
     this stage's results; its ``summary.json`` goes into the manifest, as ``aclarena eval matrix`` reads it).
     """
 

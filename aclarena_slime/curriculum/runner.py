@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aclarena_slime.curriculum.config import CurriculumConfig, StageEntry, load_curriculum, recipe_path
-from aclarena_slime.curriculum.manifest import DONE, FAILED, RUNNING, Manifest
+from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.launcher.stage import StageResult, normalise_overrides
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
@@ -49,8 +49,11 @@ def command_evaluator(command: list[str]) -> Evaluator:
             return None
         out.mkdir(parents=True, exist_ok=True)
         values = {
+            "python": sys.executable,
             "stage": stage,
             "checkpoint": entry.get("checkpoint") or "",
+            # the model to serve: a checkpoint, or the local backend's base model (its adapter is an expert)
+            "model": entry.get("checkpoint") or (entry.get("metrics") or {}).get("model_dir") or "",
             "adapter": entry.get("adapter") or "",
             "experts": entry.get("experts") or "",
             "out": str(out),
@@ -131,7 +134,8 @@ def run_curriculum(
                 raise CurriculumFailed(f"stage {entry.name} is the {entry.expert!r} expert but produced no adapter")
             base = {"name": source_name or "base", "path": (source or {}).get("checkpoint") or ""}
             manifest.set_expert(entry.expert, _relative(result.adapter, out), entry.name, base)
-        summary = evaluator(entry.name, record, out / "eval" / entry.name)
+        experts = str(manifest.path.with_name(EXPERTS_NAME)) if manifest.data["experts"] else ""
+        summary = evaluator(entry.name, {**record, "experts": experts}, out / "eval" / entry.name)
         note = None
         if summary is None:
             note = "the evaluation wrote no summary.json" if config.evaluation.command else "no evaluation.command"

@@ -33,6 +33,7 @@ from aclarena_slime.sglang_client import SGLangClient, SGLangError
 EnvFactory = Callable[[str, Mapping[str, Any]], Environment]
 SAMPLES_DIR = "samples"
 SUMMARY_FILE = "summary.json"
+DEMO_SEED = 1234  # demo eval records differ from the local backend's training draw (seed 0)
 
 
 class ResultsExist(FileExistsError):
@@ -80,12 +81,12 @@ async def run_suite(
 
     ``progress`` is a ``rich.progress.Progress`` (or None for silence). Returns the summary.
     """
-    plans = [_plan(d, settings, experts) for d in suite.datasets]
+    envs = {d.name: env_factory(d.env, d.env_config) for d in suite.datasets}
+    plans = [_plan(d, settings, experts, envs[d.name]) for d in suite.datasets]
     samples_dir = settings.out_dir / SAMPLES_DIR
     if not settings.resume and any((samples_dir / f"{p.dataset.name}.jsonl").exists() for p in plans):
         raise ResultsExist(f"{samples_dir} already holds results; resume them or choose another output folder")
     samples_dir.mkdir(parents=True, exist_ok=True)
-    envs = {p.dataset.name: env_factory(p.dataset.env, p.dataset.env_config) for p in plans}
     semaphore = asyncio.Semaphore(max(1, settings.concurrency))
     files = {p.dataset.name: _open_append(samples_dir / f"{p.dataset.name}.jsonl") for p in plans}
     try:
@@ -131,8 +132,12 @@ async def load_experts(client: SGLangClient, experts: ExpertTable) -> list[str]:
     return loaded
 
 
-def _plan(dataset: EvalDataset, settings: RunSettings, experts: ExpertTable | None) -> _Plan:
-    tasks = read_tasks(dataset.resolved_path(settings.data_root), dataset.env, dataset.limit)
+def _plan(dataset: EvalDataset, settings: RunSettings, experts: ExpertTable | None, env: Environment) -> _Plan:
+    if dataset.demo:
+        records = env.demo_records(min(dataset.demo, dataset.limit or dataset.demo), seed=DEMO_SEED)
+        tasks = [Task(r["prompt"], r.get("label"), {**r.get("metadata", {}), "env": dataset.env}) for r in records]
+    else:
+        tasks = read_tasks(dataset.resolved_path(settings.data_root), dataset.env, dataset.limit)
     lora_path = None
     if experts is not None:
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from aclarena_slime.evaluation.suite import EvalSuite
+from aclarena_slime.evaluation.suite import EvalSuite, SuiteError
 
 GENERATE_PATH = "aclarena_slime.rollout.generate"
 REWARD_PATH = "aclarena_slime.rollout.reward"
@@ -47,6 +47,8 @@ def slime_eval_config(suite: EvalSuite, data_root: str | Path | None = None) -> 
     """The ``--eval-config`` mapping for ``suite``; dataset paths resolved against ``data_root``."""
     datasets = []
     for d in suite.datasets:
+        if d.demo:
+            raise SuiteError(f"dataset {d.name!r} uses demo records; slime reads data files, give it a 'path'")
         path = str(d.resolved_path(data_root))
         entry: dict[str, Any] = {
             "name": d.name,

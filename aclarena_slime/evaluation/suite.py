@@ -12,7 +12,8 @@ A suite is a YAML file (``recipes/eval/*.yaml``)::
         path: aime-2024.jsonl   # slime JSONL (prompt, label, metadata); relative to the data root
         n_samples: 16      # samples per prompt; accuracy is the mean over all of them (avg@n)
 
-Dataset keys: ``env`` and ``path`` (required), ``domain`` (the column of the forgetting matrix; the
+Dataset keys: ``env`` and ``path`` (required; or ``demo: N``, the env's first N generated demo records,
+for smoke runs that need no data files), ``domain (the column of the forgetting matrix; the
 env tag by default), ``n_samples``, ``temperature``, ``top_p``, ``top_k``, ``max_response_len``
 (token budget of the whole response, observations included), ``max_turns``, ``limit`` (first N
 records), ``env_config`` (the env's settings), ``chat_template_kwargs``. Unknown keys are errors.
@@ -42,7 +43,8 @@ class SuiteError(ValueError):
 class EvalDataset:
     name: str
     env: str
-    path: str
+    path: str = ""
+    demo: int | None = None  # instead of a path: the env's demo records (smoke runs)
     domain: str = ""
     n_samples: int = 1
     temperature: float = 1.0
@@ -112,7 +114,7 @@ class EvalSuite:
 
 _FIELDS = {f.name: f for f in fields(EvalDataset)}
 _SETTABLE = set(_FIELDS) - {"name"}
-_INTS = {"n_samples", "top_k", "max_response_len", "max_turns", "limit"}
+_INTS = {"n_samples", "top_k", "max_response_len", "max_turns", "limit", "demo"}
 _FLOATS = {"temperature", "top_p"}
 _DICTS = {"env_config", "chat_template_kwargs"}
 
@@ -143,9 +145,10 @@ def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] 
             raise SuiteError(f"{source}: every dataset needs a name")
         where = f"{source}: dataset {name!r}"
         merged = {**defaults, **_check_keys(entry or {}, where)}
-        for key in ("env", "path"):
-            if not merged.get(key):
-                raise SuiteError(f"{where}: '{key}' is required")
+        if not merged.get("env"):
+            raise SuiteError(f"{where}: 'env' is required")
+        if bool(merged.get("path")) == bool(merged.get("demo")):
+            raise SuiteError(f"{where}: give either 'path' (a slime JSONL file) or 'demo' (a record count)")
         for ref in _SERVICE_REF.findall(repr((merged.get("path"), merged.get("env_config")))):
             if ref not in declared:
                 raise SuiteError(f"{where}: ${{services.{ref}}} is not declared under services")

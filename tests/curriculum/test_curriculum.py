@@ -186,6 +186,12 @@ def test_local_smoke_curriculum_runs_for_real_and_resumes(tmp_path: Path):
     assert first["backend"] == second["backend"] == "local"
     assert second["loaded"] == first["adapter"] and Path(second["adapter"], "adapter_config.json").exists()
     assert json.loads((out / "experts.json").read_text())["experts"]["math"]["path"] == "runs/smoke_math/local/adapter"
+    # every domain evaluated after every stage, through the math expert: the forgetting matrix's input
+    for stage in (first, second):
+        summary = json.loads((out / stage["eval"]["summary"]).read_text())
+        assert summary["stage"] == stage["name"] and set(summary["domains"]) == {"math", "ifeval"}
+    lines = (out / "eval" / "smoke_math" / "samples" / "math.jsonl").read_text().splitlines()
+    assert {json.loads(line)["lora_path"] for line in lines} == {"math"}
     calls = []
     run_curriculum(path, [f"output_dir={out}"], runner=lambda r: calls.append(r) or default_stage_runner(r))
     assert calls == []

@@ -170,7 +170,7 @@ def test_cli_run_reports_a_bad_suite_as_a_user_error(tmp_path, tiny_checkpoint, 
     suite.write_text("datasets:\n  x: {env: mock}\n")
     argv = ["eval", "run", str(suite), "--endpoint", "http://127.0.0.1:9", "--tokenizer", str(tiny_checkpoint)]
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
-    assert "'path' is required" in capsys.readouterr().err
+    assert "give either 'path'" in capsys.readouterr().err
 
 
 class _engine_in_thread:
@@ -190,3 +190,15 @@ class _engine_in_thread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+async def test_demo_dataset_runs_the_envs_generated_records(tmp_path, tiny_tokenizer):
+    from aclarena_slime.registry import get_environment
+
+    suite = parse_suite({"datasets": {"arith": {"env": "math", "demo": 3, "env_config": {"workers": 1}}}})
+    expected = get_environment("math", {"workers": 1}).demo_records(3, seed=1234)
+    async with FakeSGLang(tiny_tokenizer, ["\\boxed{0}"]) as engine:
+        summary = await run_suite(suite, SGLangClient(engine.url), tiny_tokenizer, RunSettings(tmp_path / "o"))
+    lines = _lines(tmp_path / "o", "arith")
+    assert [line["label"] for line in lines] == [r["label"] for r in expected]
+    assert summary["datasets"]["arith"]["n_prompts"] == 3

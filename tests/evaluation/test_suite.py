@@ -99,3 +99,10 @@ def test_select_limit_and_services():
         parse_suite(data, services={"typo": "x"})
     with pytest.raises(SuiteError, match="not declared under services"):
         parse_suite({"datasets": {"a": {"env": "math", "path": "${services.nope}/a"}}})
+
+
+def test_demo_datasets_need_no_files():
+    suite = parse_suite({"datasets": {"m": {"env": "math", "demo": 3}}})
+    assert suite.datasets[0].demo == 3 and suite.datasets[0].path == ""
+    with pytest.raises(SuiteError, match="either 'path'.*or 'demo'"):
+        parse_suite({"datasets": {"m": {"env": "math", "demo": 3, "path": "x.jsonl"}}})
