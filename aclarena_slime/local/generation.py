@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# Passing the KV cache as ``past_key_values`` keeps this working on the older transformers of slime's
+# image; newer releases warn about the name on every forward.
+warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
 
 from aclarena_slime.experts import validate_adapter_name
 

@@ -45,6 +45,10 @@ class LocalStageError(RuntimeError):
 
 def run_stage(cfg: LocalStageConfig) -> dict[str, Any]:
     """Run the stage; returns the metrics (also written to ``cfg.metrics_path``)."""
+    if cfg.progress:  # one progress bar, ours: transformers' own bars would interleave with it
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     return asyncio.run(run_stage_async(cfg))
 
 
