@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
+from aclarena_slime.experts import validate_adapter_name
+
 # Passing the KV cache as ``past_key_values`` keeps this working on the older transformers of slime's
 # image; newer releases warn about the name on every forward.
 warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
-
-from aclarena_slime.experts import validate_adapter_name
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
