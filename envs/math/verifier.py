@@ -12,11 +12,14 @@ import asyncio
 import multiprocessing as mp
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from aclarena_envs.math.answer import as_integer
+
+TIMED_OUT = "timed out"
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,13 @@ def _worker_main(conn: Connection, soft_timeout_s: int) -> None:
             gold, pred = conn.recv()
         except EOFError:
             return
+        start = time.monotonic()
         try:
             gold_parsed = parse(f"${gold}$", parsing_timeout=soft_timeout_s)
             pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=soft_timeout_s)
             ok = bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=soft_timeout_s))
-            conn.send((ok, ""))
+            # math-verify answers False when its own (signal) timeout fires: say so
+            conn.send((ok, TIMED_OUT if not ok and time.monotonic() - start >= soft_timeout_s else ""))
         except Exception as exc:  # noqa: BLE001 - any parser failure is a wrong answer, reported
             conn.send((False, f"{type(exc).__name__}: {exc}"))
 
@@ -102,6 +107,8 @@ class VerifierPool:
                 worker = _Worker(self._soft_timeout)
                 return Verdict(False, "timeout", f"no verdict within {self.timeout_s:g}s")
             ok, error = worker.conn.recv()
+            if error == TIMED_OUT:
+                return Verdict(False, "timeout", f"math-verify gave up after {self._soft_timeout}s")
             return Verdict(ok, "error" if error else "math_verify", error)
         except (EOFError, OSError, BrokenPipeError) as exc:
             worker.kill()
