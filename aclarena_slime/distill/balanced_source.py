@@ -209,7 +209,7 @@ def _slime_dataset(args: Any) -> list[Any]:
     from slime.utils.processing_utils import load_processor, load_tokenizer
 
     if not getattr(args, "rollout_global_dataset", True) or args.prompt_data is None:
-        raise ValueError("BalancedDataSource needs --rollout-global-dataset and --prompt-data")
+        raise ValueError("BalancedDataSource needs the global dataset (no --disable-rollout-global-dataset) and --prompt-data")
     dataset = Dataset(
         args.prompt_data,
         tokenizer=load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
