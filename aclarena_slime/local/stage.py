@@ -265,6 +265,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def _progress(enabled: bool) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
@@ -274,4 +275,5 @@ def _progress(enabled: bool) -> Any:
         TimeElapsedColumn(),
         disable=not enabled,
         transient=False,
+        console=Console(stderr=True),  # stdout is for results (``--json``)
     )

@@ -123,3 +123,19 @@ def test_a_missing_model_or_data_file_is_a_clear_error(tmp_path):
     other.write_text('{"prompt": "x", "metadata": {"env": "math"}}\n')
     with pytest.raises(RecordError, match="'math'"):
         run_stage(small(tmp_path, "learnable", data_path=str(other)))
+
+
+def test_cli_json_output_is_clean_json(tmp_path):
+    """The progress bar goes to stderr: ``--json`` output parses as it is."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "aclarena_slime", "local", "run-stage", "--env", "mock", "--output-dir",
+         str(tmp_path / "out"), "--steps", "1", "--set", "eval_size=2", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)
+    assert metrics["env"] == "mock" and (tmp_path / "out" / "adapter" / "adapter_config.json").exists()
