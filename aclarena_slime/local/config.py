@@ -7,11 +7,12 @@ stage runner (:func:`aclarena_slime.local.stage.run_stage`) is its only reader.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aclarena_slime.lora.config import HF_TARGETS
+from aclarena_slime.strict_config import from_mapping
 
 TINY_MODEL = "tiny"
 # Hugging Face projection names PEFT targets on Qwen/Llama-style models.
@@ -138,11 +139,7 @@ class LocalStageConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> LocalStageConfig:
         """Build from a plain mapping (a recipe section), naming any key the dataclass does not know."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise LocalConfigError(f"unknown local-stage settings {unknown}; known: {sorted(known)}")
-        return cls(**dict(values))
+        return from_mapping(cls, values, "local-stage settings", LocalConfigError)
 
 
 def hf_target_modules(names: Any) -> tuple[str, ...]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from aclarena_slime.strict_config import from_mapping
+
 # Megatron module name -> the Hugging Face projections it becomes (fused layers split on export).
 HF_TARGETS: dict[str, tuple[str, ...]] = {
     "linear_qkv": ("q_proj", "k_proj", "v_proj"),
@@ -82,15 +84,11 @@ class LoraConfig:
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> LoraConfig:
         """Build from a plain dict; unknown keys are an error, so a typo never goes unnoticed."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise LoraConfigError(f"unknown lora settings {unknown}; known: {sorted(known)}")
         values = dict(values)
         if "target_modules" in values:
             targets = values["target_modules"]
             values["target_modules"] = tuple(targets.split(",") if isinstance(targets, str) else targets)
-        return cls(**values)
+        return from_mapping(cls, values, "lora settings", LoraConfigError)
 
     @classmethod
     def from_args(cls, args: Any) -> LoraConfig:

@@ -26,10 +26,11 @@ import logging
 import random
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score, Task
+from aclarena_slime.strict_config import from_mapping
 
 from . import data, demo_corpus
 from .protocol import (
@@ -68,11 +69,7 @@ class SearchConfig:
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> SearchConfig:
         """Raises ValueError naming the key for unknown keys and bad values."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(f"search env: unknown config keys {unknown}; known: {sorted(known)}")
-        cfg = cls(**dict(config))
+        cfg = from_mapping(cls, config, "config keys of the search env")
         for name in ("topk", "max_turns", "max_query_chars"):
             value = getattr(cfg, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
