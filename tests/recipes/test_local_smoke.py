@@ -1,0 +1,36 @@
+"""Every RL recipe runs two small steps on the local backend: the recipe, its env and the plugins agree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aclarena_slime.launcher.stage import main
+from aclarena_slime.recipes.compose import load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+TAU3 = REPO.parent / "shared" / "data" / "tau3-retail"
+RL_RECIPES = sorted(
+    p.stem for p in (REPO / "recipes").glob("*.yaml") if load_recipe(str(p), ["paths.root=/x"]).kind == "rl"
+)
+SMALL = ["cluster.local.steps=2", "cluster.local.prompts_per_step=1", "cluster.local.samples_per_prompt=2",
+         "cluster.local.eval_size=1", "cluster.local.max_response_len=24"]  # fmt: skip
+
+
+def test_the_rl_recipes_are_the_stages_the_experts_and_the_oracles():
+    assert {"stage1_math", "stage2_search", "stage3_retail", "stage4_if", "mle_math", "oracle_if"} <= set(RL_RECIPES)
+
+
+@pytest.mark.parametrize("name", RL_RECIPES)
+def test_recipe_runs_two_steps_on_the_local_backend(name: str, tmp_path: Path, capsys):
+    overrides = [f"paths.root={tmp_path}", *SMALL]
+    if "retail" in name:
+        if not TAU3.is_dir():
+            pytest.skip(f"τ³-Retail data not found at {TAU3}")
+        overrides.append(f"env_config.retail.data_dir={TAU3}")
+    assert main([str(REPO / f"recipes/{name}.yaml"), "cluster=local", *overrides]) == 0, capsys.readouterr().err
+    metrics = json.loads((tmp_path / "runs" / name / "local" / "metrics.json").read_text())
+    assert len(metrics["steps"]) == 2 and metrics["eval_after"]["n"] == 1
+    assert (tmp_path / "runs" / name / "local" / "adapter" / "adapter_config.json").exists()
