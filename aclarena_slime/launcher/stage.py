@@ -33,8 +33,11 @@ class StageResult:
 
 
 def normalise_overrides(overrides: list[str]) -> list[str]:
-    """``backend=X`` is shorthand for ``cluster.backend=X``."""
-    return [f"cluster.{item}" if item.startswith("backend=") else item for item in overrides]
+    """``backend=X`` is shorthand for ``cluster.backend=X``; ``cluster.local.*`` settings imply ``cluster=local``."""
+    out = [f"cluster.{item}" if item.startswith("backend=") else item for item in overrides]
+    if any(item.startswith("cluster.local.") for item in out) and not any(item.startswith("cluster=") for item in out):
+        out.insert(0, "cluster=local")
+    return out
 
 
 def local_profile(path: str, overrides: list[str], recipe: StageRecipe) -> StageRecipe:

@@ -118,3 +118,12 @@ def test_dry_run_prints_every_recipe_kind_even_where_local_cannot_run_it(name: s
     assert main([str(REPO / f"recipes/{name}.yaml"), "--dry-run", f"paths.root={tmp_path}", "backend=local"]) == 0
     out = capsys.readouterr().out
     assert "ray job submit" in out and "/train.py" in out
+
+
+def test_local_settings_on_the_command_line_select_the_local_profile():
+    from aclarena_slime.launcher.stage import normalise_overrides
+
+    assert normalise_overrides(["cluster.local.steps=4", "backend=local"]) == [
+        "cluster=local", "cluster.local.steps=4", "cluster.backend=local"
+    ]  # fmt: skip
+    assert normalise_overrides(["cluster=single_8", "cluster.local.steps=4"])[0] == "cluster=single_8"
