@@ -1,13 +1,14 @@
-"""JSON-lines files, read with errors that name the file and line, written atomically.
+"""JSON and JSON-lines files, read with errors that name the file and line, written atomically.
 
-Every dataset, rollout dump and result file of the project is JSONL; reading and writing them goes
-through here so that a bad line always says where it is, and an interrupted write never leaves a
-truncated file where a good one was.
+Every dataset, rollout dump and result file of the project is JSONL, and every manifest, summary and
+metrics file is JSON; reading and writing them goes through here so that a bad line always says
+where it is, and an interrupted write never leaves a truncated file where a good one was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,3 +50,16 @@ def write_jsonl_atomic(records: Iterable[dict[str, Any]], output: str | Path) ->
         raise
     tmp.replace(output)
     return n
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write one JSON document through a synced temporary file: a reader sees the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

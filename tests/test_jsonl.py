@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aclarena_slime.jsonl import JsonlError, iter_jsonl, write_jsonl_atomic
+from aclarena_slime.jsonl import JsonlError, iter_jsonl, write_json_atomic, write_jsonl_atomic
 
 
 def test_round_trip_skips_blank_lines(tmp_path):
@@ -36,3 +36,13 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         write_jsonl_atomic(records(), path)
     assert list(iter_jsonl(path)) == [(1, {"good": True})]
     assert [p.name for p in tmp_path.iterdir()] == ["d.jsonl"]
+
+
+def test_json_document_is_replaced_whole(tmp_path):
+    import json
+
+    path = tmp_path / "sub" / "metrics.json"
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"b": "é"})
+    assert json.loads(path.read_text()) == {"b": "é"}
+    assert [p.name for p in path.parent.iterdir()] == ["metrics.json"]

@@ -17,8 +17,6 @@ simulator: ``base_url: "{local_engine}/v1"``, ``model: "{local_model}"``).
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
 import statistics
 import time
@@ -28,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from aclarena_slime import rollout
+from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
@@ -256,12 +255,6 @@ def bind_engine(config: Mapping[str, Any], url: str, served_name: str) -> dict[s
         return value
 
     return bind(dict(config))
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def _progress(enabled: bool) -> Any:
