@@ -25,7 +25,7 @@ from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.contract import Environment, Task
 from aclarena_slime.evaluation.records import read_tasks
 from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError
-from aclarena_slime.evaluation.summary import build_summary, summarize_dataset
+from aclarena_slime.evaluation.summary import build_summary, latest_by_key, summarize_dataset
 from aclarena_slime.experts import ExpertTable, UnknownExpert
 from aclarena_slime.registry import load_factory
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
@@ -146,10 +146,10 @@ def _plan(dataset: EvalDataset, settings: RunSettings, experts: ExpertTable | No
             if not settings.base_for_missing_expert:
                 raise SuiteError(f"dataset {dataset.name!r}: {exc}") from None
     done: set[tuple[int, int]] = set()
-    if settings.resume:
-        for line in _read_lines(settings.out_dir / SAMPLES_DIR / f"{dataset.name}.jsonl"):
-            if line.get("reward") is not None:
-                done.add((int(line["index"]), int(line["sample"])))
+    if settings.resume:  # only this run's (index, sample) keys: a smaller limit or n_samples ignores the rest
+        lines = _read_lines(settings.out_dir / SAMPLES_DIR / f"{dataset.name}.jsonl")
+        latest = latest_by_key(lines, len(tasks), dataset.n_samples)
+        done = {key for key, line in latest.items() if line.get("reward") is not None}
     return _Plan(dataset, tasks, lora_path, done)
 
 
@@ -221,8 +221,11 @@ async def _all_or_cancel(jobs: list[asyncio.Future]) -> None:
 def _open_append(path: Path) -> TextIO:
     """Append mode, first ending a line a crash may have cut short so the next record stands alone."""
     handle = path.open("a", encoding="utf-8")
-    if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-        handle.write("\n")
+    if handle.tell():
+        with path.open("rb") as tail:
+            tail.seek(-1, os.SEEK_END)  # only the last byte: result files grow large
+            if tail.read(1) != b"\n":
+                handle.write("\n")
     return handle
 
 

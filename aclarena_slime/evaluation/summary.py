@@ -24,15 +24,24 @@ from aclarena_slime.evaluation.suite import EvalDataset
 SUMMARY_VERSION = 1
 
 
-def latest_by_key(lines: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
-    """One result per (record index, sample); a later line (a resumed run) replaces an earlier one."""
-    return {(int(line["index"]), int(line["sample"])): line for line in lines}
+def latest_by_key(lines: list[dict[str, Any]], n_prompts: int, n_samples: int) -> dict[tuple[int, int], dict[str, Any]]:
+    """One result per (record index, sample); a later line (a resumed run) replaces an earlier one.
+
+    Lines outside the current run (``index >= n_prompts`` or ``sample >= n_samples``: an earlier run
+    with a larger ``limit`` or ``n_samples`` wrote them) are left out, so they never count.
+    """
+    results = {}
+    for line in lines:
+        key = (int(line["index"]), int(line["sample"]))
+        if key[0] < n_prompts and key[1] < n_samples:
+            results[key] = line
+    return results
 
 
 def summarize_dataset(
     dataset: EvalDataset, n_prompts: int, lines: list[dict[str, Any]], lora_path: str | None
 ) -> dict[str, Any]:
-    results = latest_by_key(lines)
+    results = latest_by_key(lines, n_prompts, dataset.n_samples)
     total = n_prompts * dataset.n_samples
     rewards: dict[int, list[float]] = defaultdict(list)
     statuses: dict[str, int] = defaultdict(int)

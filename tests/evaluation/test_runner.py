@@ -116,6 +116,23 @@ async def test_resume_redoes_only_what_is_missing_and_existing_results_are_kept(
     assert len(_lines_tolerant(path)) == 4
 
 
+async def test_resume_with_a_smaller_limit_and_n_samples_counts_only_the_current_run(tmp_path, data, tiny_tokenizer):
+    out = tmp_path / "out"
+    experts = ExpertTable.from_mapping(EXPERTS)
+    smaller = parse_suite(
+        {"datasets": {"arith": {"env": "math", "path": "math.jsonl", "n_samples": 1, "env_config": {"workers": 1}}}}
+    ).with_limit(1)
+    async with FakeSGLang(tiny_tokenizer, _reply) as engine:
+        client = SGLangClient(engine.url)
+        await run_suite(_suite(), client, tiny_tokenizer, RunSettings(out, data), experts)  # 2 prompts x 2 samples
+        before = len(engine.requests)
+        again = await run_suite(smaller, client, tiny_tokenizer, RunSettings(out, data, resume=True), experts)
+    assert len(engine.requests) == before  # (0, 0) is already scored
+    arith = again["datasets"]["arith"]
+    assert (arith["accuracy"], arith["pass_at_n"], arith["n_scored"], arith["n_unscored"]) == (100.0, 100.0, 1, 0)
+    assert arith["statuses"] == {"completed": 1}
+
+
 def _lines_tolerant(path: Path) -> list[dict]:
     out = []
     for line in path.read_text().splitlines():
