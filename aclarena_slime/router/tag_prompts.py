@@ -3,13 +3,14 @@
 Each env contributes its own ``demo_records`` when its plugin has them, plus prompts generated here
 from templates in the style of its data (AIME-like problems, NQ/HotpotQA-like questions, τ-retail
 customer messages, IFEval-like instructions), so the classifier never sees only one phrasing.
-Nothing is downloaded. Held-out prompts are drawn with a different seed.
+Nothing is downloaded. Held-out prompts are drawn with a different seed and ``exclude=`` the training
+texts: the templates repeat themselves, so another seed alone would test on training prompts.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, get_environment
@@ -132,15 +133,36 @@ GENERATORS: dict[str, Callable[[random.Random], str]] = {
 }
 
 
-def labelled_prompts(n_per_tag: int, seed: int = 0, use_demo_records: bool = True) -> list[tuple[str, str]]:
-    """``(prompt text, tag)`` pairs: half the env's ``demo_records`` where it has them, the rest generated."""
+def labelled_prompts(
+    n_per_tag: int, seed: int = 0, use_demo_records: bool = True, exclude: Collection[str] = ()
+) -> list[tuple[str, str]]:
+    """``(prompt text, tag)`` pairs: half the env's ``demo_records`` where it has them, the rest generated.
+
+    No text in ``exclude`` is returned (a held-out set excludes the training texts).
+    """
     r = random.Random(seed)
+    skip = set(exclude)
     out: list[tuple[str, str]] = []
     for tag in TAGS:
         demo = _demo_prompts(tag, n_per_tag // 2, seed) if use_demo_records else []
-        out += [(text, tag) for text in demo]
-        out += [(GENERATORS[tag](r), tag) for _ in range(n_per_tag - len(demo))]
+        texts = [text for text in demo if text not in skip]
+        texts += _generated(tag, n_per_tag - len(texts), r, skip)
+        out += [(text, tag) for text in texts]
     return out
+
+
+def _generated(tag: str, n: int, r: random.Random, skip: set[str]) -> list[str]:
+    """``n`` prompts from the tag's templates, none in ``skip``; fails loudly if the templates run dry."""
+    texts: list[str] = []
+    attempts = 0
+    while len(texts) < n:
+        attempts += 1
+        if attempts > 100 * n:
+            raise ValueError(f"cannot generate {n} {tag!r} prompts outside the {len(skip)} excluded ones")
+        text = GENERATORS[tag](r)
+        if text not in skip:
+            texts.append(text)
+    return texts
 
 
 def _demo_prompts(tag: str, n: int, seed: int) -> list[str]:

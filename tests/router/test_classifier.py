@@ -5,27 +5,37 @@ from __future__ import annotations
 import pytest
 
 from aclarena_slime.router.classifier import TagClassifier, tokens
-from aclarena_slime.router.tag_prompts import TAGS, labelled_prompts
+from aclarena_slime.router.tag_prompts import GENERATORS, TAGS, labelled_prompts
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 
 from .conftest import client, gateway, post
 
+TRAINING = labelled_prompts(120, seed=0)
+
 
 @pytest.fixture(scope="module")
 def classifier() -> TagClassifier:
-    pairs = labelled_prompts(120, seed=0)
-    return TagClassifier.train([t for t, _ in pairs], [g for _, g in pairs], steps=120)
+    return TagClassifier.train([t for t, _ in TRAINING], [g for _, g in TRAINING], steps=120)
 
 
-def test_prompts_cover_the_four_envs_and_differ_by_seed():
-    train, held_out = labelled_prompts(20, seed=0), labelled_prompts(20, seed=1)
+def test_prompts_cover_the_four_envs_and_held_out_excludes_training():
+    train = labelled_prompts(20, seed=0)
+    held_out = labelled_prompts(20, seed=1, exclude={text for text, _ in train})
     assert sorted({tag for _, tag in train}) == sorted(TAGS)
     assert all(sum(tag == t for _, tag in train) == 20 for t in TAGS)
-    assert {text for text, _ in train} != {text for text, _ in held_out}
+    assert all(sum(tag == t for _, tag in held_out) == 20 for t in TAGS)
+    assert not {text for text, _ in train} & {text for text, _ in held_out}
+
+
+def test_exclude_fails_loudly_when_the_templates_run_dry(monkeypatch):
+    monkeypatch.setitem(GENERATORS, "math", lambda r: "always the same")
+    with pytest.raises(ValueError, match="cannot generate 2 'math' prompts"):
+        labelled_prompts(2, use_demo_records=False, exclude={"always the same"})
 
 
 def test_held_out_accuracy_per_env(classifier):
-    held_out = labelled_prompts(60, seed=1)
+    held_out = labelled_prompts(60, seed=1, exclude={text for text, _ in TRAINING})
+    assert not {text for text, _ in TRAINING} & {text for text, _ in held_out}
     for tag in TAGS:
         texts = [text for text, t in held_out if t == tag]
         assert classifier.accuracy(texts, [tag] * len(texts)) >= 0.9, tag
