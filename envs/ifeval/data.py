@@ -51,19 +51,25 @@ def from_ifeval(record: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": record["prompt"], "label": label.to_json(), "metadata": metadata}
 
 
+def _literal(text: str) -> Any:
+    """JSON text, else a Python literal (open-instruct writes reprs); LabelError if neither, so
+    ``--skip-invalid`` can count it. Literals only, never code."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise LabelError(f"ground_truth is neither JSON nor a Python literal: {text[:120]!r}") from None
+
+
 def _ground_truth(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            try:
-                value = ast.literal_eval(value)  # open-instruct writes Python reprs; literals only, never code
-            except (ValueError, SyntaxError):
-                raise LabelError(f"ground_truth is neither JSON nor a Python literal: {value[:120]!r}") from None
+        value = _literal(value)
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
-    if isinstance(value, str):
-        value = json.loads(value)
+    if isinstance(value, str):  # a one-element list holding the object as text
+        value = _literal(value)
     if not isinstance(value, dict):
         raise LabelError(f"ground_truth must hold one object, got {type(value).__name__}")
     if "func_name" in value:

@@ -90,12 +90,21 @@ def test_rlvr_conversion(tmp_path: Path) -> None:
 def test_bad_records_stop_the_conversion_or_are_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old_style = dict(RLVR_RECORD, ground_truth=json.dumps({"func_name": "validate_lowercase", "N": None}))
     unknown = dict(RLVR_RECORD, ground_truth=json.dumps([{"instruction_id": ["count:word_count"], "kwargs": [{}]}]))
-    source = _write(tmp_path / "in.jsonl", [RLVR_RECORD, old_style, unknown])
+    inner_not_json = dict(RLVR_RECORD, ground_truth=json.dumps(["{not json"]))
+    source = _write(tmp_path / "in.jsonl", [RLVR_RECORD, old_style, unknown, inner_not_json])
     out = tmp_path / "train.jsonl"
     assert main(["rlvr", "--input", str(source), "--output", str(out)]) == 2
     assert "in.jsonl:2" in capsys.readouterr().err and not out.exists()
     assert main(["rlvr", "--input", str(source), "--output", str(out), "--skip-invalid"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"written": 1, "skipped": 2, "output": str(out)}
+    assert json.loads(capsys.readouterr().out) == {"written": 1, "skipped": 3, "output": str(out)}
+
+
+def test_inner_ground_truth_text_may_be_json_or_a_python_literal(tmp_path: Path) -> None:
+    inner = str({"instruction_id": ["detectable_format:title"], "kwargs": [None]})  # a repr, inside a JSON list
+    source = _write(tmp_path / "in.jsonl", [dict(RLVR_RECORD, ground_truth=json.dumps([inner]))])
+    assert main(["rlvr", "--input", str(source), "--output", str(tmp_path / "o.jsonl")]) == 0
+    [record] = _read(tmp_path / "o.jsonl")
+    assert Label.parse(record["label"]).instruction_ids == ("detectable_format:title",)
 
 
 def test_not_json_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
