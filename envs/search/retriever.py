@@ -84,17 +84,16 @@ class CorpusFile(Sequence[Document]):
         """Line offsets of the documents and their contents; raises ValueError naming the bad line."""
         offsets: list[int] = []
         contents: list[str] = []
-        with Path(path).open("rb") as f:
-            position = 0
-            for lineno, line in enumerate(f, start=1):
-                if line.strip():
-                    doc = _check_document(line, f"{path}:{lineno}")
-                    offsets.append(position)
-                    contents.append(str(doc["contents"]))
-                position += len(line)
-        if not offsets:
-            raise ValueError(f"{path}: the corpus holds no documents")
-        return np.asarray(offsets, dtype=np.int64), contents
+        for lineno, position, line in _nonblank_lines(path):
+            doc = _check_document(line, f"{path}:{lineno}")
+            offsets.append(position)
+            contents.append(str(doc["contents"]))
+        return _offsets_array(offsets, path), contents
+
+    @staticmethod
+    def line_offsets(path: Path) -> np.ndarray:
+        """Line offsets only, nothing parsed or kept: enough when a prebuilt index needs no contents."""
+        return _offsets_array([position for _, position, _ in _nonblank_lines(path)], path)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -113,6 +112,22 @@ class CorpusFile(Sequence[Document]):
         if self._map is not None:
             self._map.close()
         self._file.close()
+
+
+def _nonblank_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """``(line number, byte offset, line)`` of each non-blank line of a corpus."""
+    with Path(path).open("rb") as f:
+        position = 0
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                yield lineno, position, line
+            position += len(line)
+
+
+def _offsets_array(offsets: list[int], path: Path) -> np.ndarray:
+    if not offsets:
+        raise ValueError(f"{path}: the corpus holds no documents")
+    return np.asarray(offsets, dtype=np.int64)
 
 
 def corpus_fingerprint(path: Path) -> dict[str, Any]:
@@ -262,8 +277,11 @@ class RemoteRetriever:
 
         loop = asyncio.get_running_loop()
         if self._session is None or self._session_loop is not loop:  # a session belongs to one event loop
+            old, old_loop = self._session, self._session_loop
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
             self._session_loop = loop
+            if old is not None:  # replaced before awaiting, so concurrent calls share the new one
+                await _close_session(old, old_loop)
         payload = {"queries": list(queries), "topk": topk, "return_scores": True}
         try:
             async with self._session.post(self.url, json=payload) as resp:
@@ -275,9 +293,20 @@ class RemoteRetriever:
         return _parse_result(body, len(queries), self.url)
 
     async def aclose(self) -> None:
-        if self._session is not None and self._session_loop is asyncio.get_running_loop():
-            await self._session.close()
+        if self._session is not None:
+            await _close_session(self._session, self._session_loop)
         self._session = self._session_loop = None
+
+
+async def _close_session(session: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Close an aiohttp session made on ``loop``: on that loop while it lives (a session is bound to
+    its loop and not thread-safe), else here (aiohttp then only marks it closed)."""
+    if session.closed:
+        return
+    if loop is None or loop.is_closed() or loop is asyncio.get_running_loop():
+        await session.close()
+    else:
+        asyncio.run_coroutine_threadsafe(session.close(), loop)
 
 
 def _parse_result(body: Any, n_queries: int, url: str) -> list[list[Hit]]:
@@ -336,12 +365,13 @@ class DenseRetriever:
     ) -> DenseRetriever:
         """Read a prebuilt faiss index from ``index_path`` or build one (and write it there when given)."""
         faiss = _import_faiss()
-        offsets, contents = CorpusFile.scan(Path(path))
-        if index_path and Path(index_path).is_file():
+        if index_path and Path(index_path).is_file():  # offsets only: a 13 GB corpus's contents are not needed
+            offsets = CorpusFile.line_offsets(Path(path))
             index = faiss.read_index(str(index_path))
             if index.ntotal != len(offsets):
                 raise ValueError(f"faiss index {index_path} holds {index.ntotal} vectors, the corpus {len(offsets)}")
         else:
+            offsets, contents = CorpusFile.scan(Path(path))
             vectors = [
                 _normalised(encode(contents[i : i + batch_size], False)) for i in range(0, len(contents), batch_size)
             ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ import pytest
 from aclarena_envs.search.demo_corpus import generate, write_jsonl
 from aclarena_envs.search.retriever import (
     BM25Retriever,
+    CorpusFile,
     DenseRetriever,
     RetrieverError,
     _parse_result,
@@ -134,6 +136,21 @@ def test_dense_retriever_with_faiss(corpus, tmp_path):
     assert hits[0].document == {"id": "7", "contents": DEMO.passages[7]["contents"]}
     again = DenseRetriever.from_corpus(corpus, _bag_of_words, index_path=index_path)  # read back from disk
     assert again.search([query], 2) == [hits]
+
+
+def test_dense_with_a_prebuilt_index_reads_offsets_not_contents(corpus, tmp_path, monkeypatch):
+    pytest.importorskip("faiss", reason="faiss-cpu is the optional 'dense' extra")
+    index_path = tmp_path / "flat.index"
+    asyncio.run(DenseRetriever.from_corpus(corpus, _bag_of_words, index_path=index_path).aclose())
+
+    def no_scan(path):
+        raise AssertionError("the corpus contents were read although the index exists")
+
+    monkeypatch.setattr(CorpusFile, "scan", staticmethod(no_scan))
+    again = DenseRetriever.from_corpus(corpus, _bag_of_words, index_path=index_path)
+    [hits] = again.search([DEMO.passages[3]["contents"]], 1)
+    asyncio.run(again.aclose())
+    assert hits[0].document["id"] == "3"
 
 
 def test_dense_without_faiss_says_how_to_get_it(corpus, monkeypatch):

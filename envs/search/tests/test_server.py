@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import aiohttp
 import pytest
 
@@ -103,3 +107,36 @@ async def test_server_error_reply_is_a_retriever_error():
         with pytest.raises(RetrieverError, match="404"):
             await remote.retrieve(["q"], 1)
         await remote.aclose()
+
+
+def test_a_new_event_loop_closes_the_session_made_on_the_old_one():
+    remote = RemoteRetriever("http://127.0.0.1:9")  # nothing listens: each call fails after making its session
+
+    async def call() -> aiohttp.ClientSession:
+        with pytest.raises(RetrieverError):
+            await remote.retrieve(["q"], 1)
+        return remote._session
+
+    background = asyncio.new_event_loop()
+    thread = threading.Thread(target=background.run_forever, daemon=True)
+    thread.start()
+    try:
+        on_thread = asyncio.run_coroutine_threadsafe(call(), background).result(10)  # a loop that keeps running
+        first = asyncio.run(call())
+        assert _closed_soon(on_thread) and not first.closed
+        second = asyncio.run(call())  # the first loop is closed by now
+        assert first.closed and not second.closed
+        asyncio.run(remote.aclose())  # from yet another loop
+        assert second.closed
+    finally:
+        background.call_soon_threadsafe(background.stop)
+        thread.join(10)
+        background.close()
+
+
+def _closed_soon(session: aiohttp.ClientSession) -> bool:
+    """Closing on another thread's loop is asynchronous: wait a little for it."""
+    deadline = time.monotonic() + 5
+    while not session.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return session.closed
