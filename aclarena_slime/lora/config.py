@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from aclarena_slime.experts import ExpertError, validate_adapter_name
 from aclarena_slime.strict_config import from_mapping
 
 # Megatron module name -> the Hugging Face projections it becomes (fused layers split on export).
@@ -45,8 +46,13 @@ class LoraConfig:
     init_seed: int = 1234
     # Name the adapter is served under by SGLang (the expert's env tag, e.g. "math").
     adapter_name: str = "expert"
-    # "tensors": /load_lora_adapter_from_tensors; "disk": PEFT directory on a shared filesystem.
-    sync_mode: str = "tensors"
+    # "disk": after every step the PEFT directory <sync_dir>/<adapter_name> is written and SGLang loads it
+    # (/load_lora_adapter); sync_dir must be readable by every SGLang server (a shared filesystem on
+    # several nodes). The recipe compiler sets it to <checkpoint.save>/adapters.
+    # "tensors": /load_lora_adapter_from_tensors with torch's ForkingPickler encoding; needs trainer and
+    # server on one host (CPU storage crosses processes only through the sender's resource sharer, so a
+    # separate SGLang process fails; CUDA tensors would need CUDA IPC). Unverified against a real server.
+    sync_mode: str = "disk"
     sync_dir: str | None = None
     sglang_payload: str = "auto"
 
@@ -64,10 +70,17 @@ class LoraConfig:
             )
         if self.sync_mode not in SYNC_MODES:
             raise LoraConfigError(f"lora sync_mode must be one of {SYNC_MODES}, got {self.sync_mode!r}")
-        if self.sync_mode == "disk" and not self.sync_dir:
-            raise LoraConfigError("lora sync_mode 'disk' needs sync_dir (a folder every SGLang server can read)")
+        try:
+            validate_adapter_name(self.adapter_name)  # SGLang's name for it, and its folder under sync_dir
+        except ExpertError as exc:
+            raise LoraConfigError(f"lora adapter_name: {exc}") from exc
         if self.sglang_payload not in PAYLOAD_SCHEMAS:
             raise LoraConfigError(f"lora sglang_payload must be one of {PAYLOAD_SCHEMAS}, got {self.sglang_payload!r}")
+
+    def require_sync_dir(self) -> None:
+        """Disk sync writes under ``sync_dir``: refuse to start a run that would fail at its first sync."""
+        if self.sync_mode == "disk" and not self.sync_dir:
+            raise LoraConfigError("lora sync_mode 'disk' needs sync_dir (a folder every SGLang server can read)")
 
     @property
     def scaling(self) -> float:

@@ -46,6 +46,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 def check_args(args: Any) -> LoraConfig:
     """Refuse slime settings that cannot work with a frozen backbone; fill the trainable-name list."""
     config = LoraConfig.from_args(args)
+    config.require_sync_dir()
     if getattr(args, "sequence_parallel", False):
         raise LoraConfigError("LoRA does not support --sequence-parallel; drop it")
     if getattr(args, "save_hf", None):

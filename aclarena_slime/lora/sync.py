@@ -2,15 +2,20 @@
 
 SGLang has no in-place LoRA update, so each RL step unloads the expert and loads it again under the
 same name (every load gets a fresh internal id, so no stale prefix-cache entry is reused). The
-adapter travels either as tensors (``/load_lora_adapter_from_tensors``) or as a PEFT directory on a
-filesystem every server can read (``/load_lora_adapter``).
+adapter travels either as a PEFT directory (``/load_lora_adapter``; the default) or as tensors
+(``/load_lora_adapter_from_tensors``).
 
-Payload of ``/load_lora_adapter_from_tensors`` (sglang ``managers/io_struct.py``):
+Disk mode writes ``<sync_dir>/<name>`` atomically before the load; ``sync_dir`` must be readable by every
+server (on several nodes, a shared filesystem), and the folder is also the stage's exported expert.
+
+Tensors mode, payload of ``/load_lora_adapter_from_tensors`` (sglang ``managers/io_struct.py``):
 - up to 0.5.15: ``serialized_tensors`` is one base64 string;
 - later releases (0.5.18 and 0.5.23 checked): ``serialized_named_tensors`` is a list with one
   base64 blob per server TP rank.
 Both hold SGLang's ``MultiprocessingSerializer`` encoding (torch's ``ForkingPickler``), which passes
-tensor storage by shared memory: the tensors mode only works when trainer and server share a host.
+tensor storage by reference, not by value: CPU storage through the sending process's resource sharer
+(a separate SGLang process fails with ``AuthenticationError``), CUDA storage through CUDA IPC (same host
+only). This mode has not been checked against a real SGLang server; use it only after doing so.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ import time
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from typing import Any
 
-import aiohttp
 import torch
 import torch.multiprocessing  # noqa: F401  registers torch's shared-memory reductions on ForkingPickler
+
+from aclarena_slime.sglang_client import RetryPolicy, SGLangClient, SGLangError
 
 from .export import write_peft_dir
 
@@ -80,35 +87,34 @@ def tensors_payload(
     return body
 
 
-async def _post(session: aiohttp.ClientSession, url: str, endpoint: str, body: dict) -> dict:
-    async with session.post(f"{url}/{endpoint}", json=body) as response:
-        text = await response.text()
-        try:
-            answer = await response.json(content_type=None) if text else {}
-        except ValueError:
-            answer = {"error_message": text}
-        if response.status >= 400 or (isinstance(answer, dict) and answer.get("success") is False):
-            raise AdapterSyncError(f"{url}/{endpoint}: HTTP {response.status}: {text[:300]}")
-        return answer if isinstance(answer, dict) else {}
+async def _post(client: SGLangClient, path: str, body: dict) -> Any:
+    """POST once; an HTTP error or ``success: false`` becomes :class:`AdapterSyncError`."""
+    try:
+        answer = await client.post(path, body)
+    except SGLangError as exc:
+        raise AdapterSyncError(str(exc)) from exc
+    if isinstance(answer, dict) and answer.get("success") is False:
+        raise AdapterSyncError(f"{client.base_url}{path} refused: {answer}")
+    return answer
 
 
-async def _server_info(session: aiohttp.ClientSession, url: str) -> dict:
-    async with session.get(f"{url}/get_server_info") as response:
-        if response.status >= 400:
-            raise AdapterSyncError(f"{url}/get_server_info: HTTP {response.status}")
-        return await response.json(content_type=None)
+async def _server_info(client: SGLangClient) -> dict:
+    try:
+        return await client.get("/get_server_info")
+    except SGLangError as exc:
+        raise AdapterSyncError(str(exc)) from exc
 
 
-async def _swap_on(session: aiohttp.ClientSession, url: str, name: str, endpoint: str, body: dict) -> None:
-    await _post(session, url, "pause_generation", {})
+async def _swap_on(client: SGLangClient, name: str, endpoint: str, body: dict) -> None:
+    await _post(client, "/pause_generation", {})
     try:
         try:
-            await _post(session, url, "unload_lora_adapter", {"lora_name": name})
+            await _post(client, "/unload_lora_adapter", {"lora_name": name})
         except AdapterSyncError as exc:  # first sync: nothing loaded under this name yet
             logger.info("unload of %r skipped: %s", name, exc)
-        await _post(session, url, endpoint, body)
+        await _post(client, endpoint, body)
     finally:
-        await _post(session, url, "continue_generation", {})
+        await _post(client, "/continue_generation", {})
 
 
 async def sync_adapter(
@@ -117,35 +123,37 @@ async def sync_adapter(
     tensors: dict[str, torch.Tensor],
     config_dict: dict,
     *,
-    mode: str = "tensors",
+    mode: str = "disk",
     sync_dir: str | None = None,
     schema: str = "auto",
     pinned: bool = False,
     timeout_s: float = 600.0,
 ) -> SyncResult:
-    """Replace adapter ``name`` on every server with ``tensors`` (PEFT names, full unsharded tensors)."""
+    """Replace adapter ``name`` on every server with ``tensors`` (PEFT names, full unsharded tensors).
+
+    One attempt per request (``RetryPolicy(attempts=1)``): a load is not idempotent across a half-done swap.
+    """
     start = time.perf_counter()
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        bodies: list[tuple[str, dict]] = []
-        payload_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        if mode == "disk":
-            if not sync_dir:
-                raise AdapterSyncError("disk sync needs sync_dir")
-            path = write_peft_dir(Path(sync_dir) / name, tensors, config_dict)
-            body = {"lora_name": name, "lora_path": str(path), "pinned": pinned}
-            bodies = [("load_lora_adapter", body)] * len(urls)
-            used = "peft_dir"
-        else:
-            infos = await asyncio.gather(*(_server_info(session, url) for url in urls))
-            used = schema
-            for info in infos:
-                server_schema = schema if schema != "auto" else payload_schema_for(str(info.get("version", "")))
-                used = server_schema
-                tp_size = int(info.get("tp_size", 1) or 1)
-                body = tensors_payload(name, tensors, config_dict, server_schema, tp_size, pinned)
-                bodies.append(("load_lora_adapter_from_tensors", body))
-        await asyncio.gather(
-            *(_swap_on(session, url, name, endpoint, body) for url, (endpoint, body) in zip(urls, bodies, strict=True))
-        )
+    clients = [SGLangClient(url, RetryPolicy(attempts=1, timeout_s=timeout_s)) for url in urls]
+    bodies: list[tuple[str, dict]] = []
+    payload_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    if mode == "disk":
+        if not sync_dir:
+            raise AdapterSyncError("disk sync needs sync_dir")
+        path = write_peft_dir(Path(sync_dir) / name, tensors, config_dict)
+        body = {"lora_name": name, "lora_path": str(path), "pinned": pinned}
+        bodies = [("/load_lora_adapter", body)] * len(urls)
+        used = "peft_dir"
+    else:
+        infos = await asyncio.gather(*(_server_info(client) for client in clients))
+        used = schema
+        for info in infos:
+            server_schema = schema if schema != "auto" else payload_schema_for(str(info.get("version", "")))
+            used = server_schema
+            tp_size = int(info.get("tp_size", 1) or 1)
+            body = tensors_payload(name, tensors, config_dict, server_schema, tp_size, pinned)
+            bodies.append(("/load_lora_adapter_from_tensors", body))
+    await asyncio.gather(
+        *(_swap_on(client, name, endpoint, body) for client, (endpoint, body) in zip(clients, bodies, strict=True))
+    )
     return SyncResult(len(urls), payload_bytes, time.perf_counter() - start, used)

@@ -14,9 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aclarena_slime.sglang_client import close_sessions
+
 from .config import LoraConfig
 from .export import AttentionShape, gather_adapter, peft_adapter_config, to_peft_state_dict
-from .sync import sync_adapter
+from .sync import SyncResult, sync_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,21 @@ class LoraWeightUpdater:
         out, self.metrics = self.metrics, {}
         return out
 
+    async def _sync(self, urls: list[str], tensors: dict[str, torch.Tensor]) -> SyncResult:
+        """One sync on a fresh event loop, closing its HTTP session before ``asyncio.run`` closes the loop."""
+        try:
+            return await sync_adapter(
+                urls,
+                self.config.adapter_name,
+                tensors,
+                peft_adapter_config(self.config, self.base_model),
+                mode=self.config.sync_mode,
+                sync_dir=self.config.sync_dir,
+                schema=self.config.sglang_payload,
+            )
+        finally:
+            await close_sessions()
+
     @torch.no_grad()
     def update_weights(self) -> None:
         from megatron.core.utils import get_model_config
@@ -63,17 +80,7 @@ class LoraWeightUpdater:
             import ray
 
             urls = ray.get([engine.get_url.remote() for engine in self.rollout_engines])
-            result = asyncio.run(
-                sync_adapter(
-                    urls,
-                    self.config.adapter_name,
-                    tensors,
-                    peft_adapter_config(self.config, self.base_model),
-                    mode=self.config.sync_mode,
-                    sync_dir=self.config.sync_dir,
-                    schema=self.config.sglang_payload,
-                )
-            )
+            result = asyncio.run(self._sync(urls, tensors))
             self.metrics = {
                 "perf/lora_sync_seconds": result.seconds,
                 "perf/lora_sync_bytes": float(result.payload_bytes),

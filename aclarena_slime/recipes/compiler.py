@@ -5,7 +5,8 @@ Each section of :class:`StageRecipe` becomes flags mechanically (field ``kl_loss
 values). Every flag is checked against ``known_flags.txt``; a flag declared twice is an error.
 Settings that slime has no flag for travel in the custom-config YAML, which slime turns into
 attributes of ``args``: ``aclarena_env_config`` ({tag: env settings}), ``aclarena_experts``
-({tag: adapter}) and ``aclarena_lora`` (the LoRA actor's settings, validated by
+({tag: adapter}; a LoRA stage adds its own adapter for the data's env, so rollouts sample from the
+adapter being trained) and ``aclarena_lora`` (the LoRA actor's settings, validated by
 :class:`aclarena_slime.lora.config.LoraConfig`).
 """
 
@@ -70,17 +71,17 @@ class _Flags:
 
     def __init__(self) -> None:
         self.items: list[tuple[str, Any, str]] = []
-        self._seen: dict[str, str] = {}
+        self.origins: dict[str, str] = {}  # flag -> the recipe key that set it
 
     def add(self, name: str, value: Any, origin: str) -> None:
         if value is None or value is False:
             return
         flag = name if name.startswith("--") else "--" + name.replace("_", "-")
-        if flag in self._seen:
-            raise RecipeError(f"{flag} is set twice: by {self._seen[flag]} and by {origin}")
+        if flag in self.origins:
+            raise RecipeError(f"{flag} is set twice: by {self.origins[flag]} and by {origin}")
         if isinstance(value, Mapping):
             raise RecipeError(f"{origin}: {flag} takes a value or a list, not a mapping")
-        self._seen[flag] = origin
+        self.origins[flag] = origin
         self.items.append((flag, value, origin))
 
     def add_section(self, values: Mapping[str, Any], origin: str, skip: tuple[str, ...] = ()) -> None:
@@ -115,6 +116,8 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     flags.add("rollout_num_gpus_per_engine", cluster.rollout_num_gpus_per_engine, "cluster.rollout_num_gpus_per_engine")
     flags.add_section(recipe.model.architecture, "model.architecture")
     flags.add("hf_checkpoint", recipe.model.hf_checkpoint, "model.hf_checkpoint")
+    if recipe.checkpoint.save_hf and "{" in recipe.checkpoint.save_hf:
+        raise RecipeError("checkpoint.save_hf: one folder, not a {rollout_id} template (later stages read it)")
     flags.add_section(dataclasses.asdict(recipe.checkpoint), "checkpoint")
     _data_flags(flags, recipe)
     if recipe.kind != "sft":
@@ -130,8 +133,8 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     for key, value in cluster.sglang.items():
         flags.add("--sglang-" + key.replace("_", "-"), value, f"cluster.sglang.{key}")
     flags.add_section(dataclasses.asdict(recipe.plugins), "plugins")
-    lora = _lora_settings(recipe, flags)
     flags.add_section(recipe.extra, "extra")
+    lora = _lora_settings(recipe, flags)  # after every other flag: it refuses some of them
     custom_path = Path(recipe.run_dir) / CUSTOM_CONFIG_NAME
     flags.add("custom_config_path", str(custom_path), "compiler")
     custom = {"aclarena_env_config": {tag: dict(config or {}) for tag, config in recipe.env_config.items()}}
@@ -139,6 +142,13 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         custom["aclarena_experts"] = dict(recipe.experts)
     if lora is not None:
         custom["aclarena_lora"] = lora
+        experts = custom.setdefault("aclarena_experts", {})
+        if experts.get(recipe.data.env, lora["adapter_name"]) != lora["adapter_name"]:
+            raise RecipeError(
+                f"experts.{recipe.data.env} names {experts[recipe.data.env]!r}, but this stage trains adapter "
+                f"{lora['adapter_name']!r} for that env"
+            )
+        experts[recipe.data.env] = lora["adapter_name"]
     for key, value in recipe.custom.items():
         if not key.startswith("aclarena_") or key in custom:
             raise RecipeError(
@@ -189,12 +199,20 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
         "target_modules": list(section.target_modules),
         "adapter_name": section.adapter_name or recipe.data.env,
         "sync_mode": section.sync_mode,
+        "sync_dir": section.sync_dir or f"{recipe.checkpoint.save}/adapters",
         **section.extra,
     }
     try:
         config = LoraConfig.from_mapping(values)
     except LoraConfigError as exc:
         raise RecipeError(f"lora: {exc}") from exc
+    # The provider refuses both at run time (aclarena_slime.lora.provider.check_args): say so before launching.
+    for flag, why in (
+        ("--sequence-parallel", "the adapters do not support it"),
+        ("--save-hf", "its output is the PEFT adapter"),
+    ):
+        if flag in flags.origins:
+            raise RecipeError(f"lora: {flags.origins[flag]} sets {flag}, which a LoRA stage refuses ({why}); drop it")
     # Hook paths and the trainable-parameter pattern as aclarena_slime/lora/provider.py documents them.
     flags.add("custom_model_provider_path", LORA_PROVIDER, "lora.enabled")
     flags.add("custom_megatron_init_path", LORA_INIT, "lora.enabled")

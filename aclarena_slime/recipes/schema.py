@@ -91,7 +91,10 @@ class LoraSection:
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
     adapter_name: str | None = None  # served name of the expert; defaults to the data's env tag
-    sync_mode: str = "tensors"
+    sync_mode: str = "disk"  # see aclarena_slime.lora.config.LoraConfig.sync_mode
+    # Where disk sync writes <adapter_name>/ after every step (the stage's expert); None: <checkpoint.save>/adapters.
+    # Every SGLang server reads it: on several nodes it must be on a shared filesystem.
+    sync_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # other aclarena_lora settings (LoraConfig fields)
 
 
@@ -142,6 +145,9 @@ class CheckpointConfig:
     load: str = MISSING  # Megatron torch_dist folder the stage starts from
     ref_load: str = "${.load}"
     save: str = MISSING
+    # --save-hf: an HF export of the trained weights, rewritten at every save (what SGLang serves for
+    # stages built on this one). One folder: slime's {rollout_id} template is refused by the compiler.
+    save_hf: str | None = None
     save_interval: int = 20
     finetune: bool = True  # weights only: the iteration restarts at 0 in each stage
     no_load_optim: bool = False

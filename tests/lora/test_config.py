@@ -12,6 +12,7 @@ from aclarena_slime.lora import LoraConfig, LoraConfigError
 def test_paper_defaults_and_hf_targets():
     config = LoraConfig()
     assert (config.rank, config.alpha, config.scaling) == (16, 32.0, 2.0)
+    assert (config.sync_mode, config.sync_dir) == ("disk", None)  # the recipe compiler fills sync_dir
     assert config.hf_target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -33,7 +34,9 @@ def test_target_modules_accept_a_comma_string():
         ({"alpha": -1}, "alpha"),
         ({"dropout": 1.0}, "dropout"),
         ({"target_modules": ["q_proj"]}, "target_modules"),
-        ({"sync_mode": "disk"}, "sync_dir"),
+        ({"sync_mode": "nfs"}, "sync_mode"),
+        ({"adapter_name": "../math"}, "adapter_name"),
+        ({"adapter_name": "math/v2"}, "adapter_name"),
         ({"sglang_payload": "v9"}, "sglang_payload"),
         ({"ranks": 8}, "unknown lora settings"),
     ],

@@ -16,8 +16,9 @@ from aclarena_slime.lora.selftest import build_tiny_gpt
 from aclarena_slime.lora.updater import LoraWeightUpdater
 
 
-def _args(**extra):
-    return SimpleNamespace(aclarena_lora={"rank": 4, "alpha": 8}, only_train_params_name_list=None, **extra)
+def _args(lora: dict | None = None, **extra):
+    settings = {"rank": 4, "alpha": 8, "sync_dir": "/shared/run/adapters", **(lora or {})}
+    return SimpleNamespace(aclarena_lora=settings, only_train_params_name_list=None, **extra)
 
 
 @pytest.fixture
@@ -57,6 +58,7 @@ def test_check_args_fills_the_trainable_list():
         ({"sequence_parallel": True}, "sequence-parallel"),
         ({"save_hf": "/ckpt/hf"}, "save-hf"),
         ({"update_weight_transport": "disk"}, "sync_mode"),
+        ({"lora": {"sync_dir": None}}, "sync_dir"),  # disk sync (the default) would fail at the first step
     ],
 )
 def test_check_args_refuses_what_cannot_work(extra, message):

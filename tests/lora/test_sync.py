@@ -22,8 +22,8 @@ CONFIG = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_pr
 class FakeSGLang:
     """Records every call; holds adapters by name like SGLang's LoRA registry."""
 
-    def __init__(self, version: str, tp_size: int = 2, fail_load: bool = False) -> None:
-        self.version, self.tp_size, self.fail_load = version, tp_size, fail_load
+    def __init__(self, version: str, tp_size: int = 2, fail_load: bool = False, load_status: int = 200) -> None:
+        self.version, self.tp_size, self.fail_load, self.load_status = version, tp_size, fail_load, load_status
         self.calls: list[str] = []
         self.adapters: dict[str, dict] = {}
         self.bodies: dict[str, dict] = {}
@@ -56,6 +56,8 @@ class FakeSGLang:
                 return web.json_response({"success": False, "error_message": "not loaded"}, status=400)
             if endpoint == "unload_lora_adapter":
                 del self.adapters[body["lora_name"]]
+            if endpoint == "load_lora_adapter" and self.load_status >= 400:
+                return web.json_response({"error": "server overloaded"}, status=self.load_status)
             if endpoint == "load_lora_adapter":
                 self.adapters[body["lora_name"]] = {"path": body["lora_path"]}
             return web.json_response({"success": True})
@@ -74,7 +76,9 @@ class FakeSGLang:
             blob = body["serialized_named_tensors"][0]
         else:
             blob = body["serialized_tensors"]
-        tensors = pickle.load(io.BytesIO(base64.b64decode(blob)))  # same process: shared storage resolves
+        # Decodes only because this fake runs in the sender's process; a separate SGLang process cannot
+        # resolve CPU shared storage (AuthenticationError), which is why disk is the default mode.
+        tensors = pickle.load(io.BytesIO(base64.b64decode(blob)))
         self.adapters[body["lora_name"]] = {"tensors": tensors, "config": body["config_dict"]}
         return web.json_response({"success": True})
 
@@ -89,10 +93,14 @@ def test_schema_by_version():
 
 
 @pytest.mark.parametrize("version", ["0.5.15.post1", "0.5.23"])
-async def test_tensors_sync_replaces_adapter_between_pause_and_resume(version):
+async def test_tensors_payload_schema_and_call_order(version):
+    """The request sequence and the payload field per SGLang version, read back in this same process.
+
+    It does not show that a separate SGLang process can read the blob (it cannot for CPU tensors).
+    """
     fake = FakeSGLang(version)
     async with fake as url:
-        first = await sync_adapter([url], "math", TENSORS, CONFIG)
+        first = await sync_adapter([url], "math", TENSORS, CONFIG, mode="tensors")
         assert fake.calls == [
             "pause_generation",
             "unload_lora_adapter",  # refused: nothing loaded yet, tolerated
@@ -100,7 +108,7 @@ async def test_tensors_sync_replaces_adapter_between_pause_and_resume(version):
             "continue_generation",
         ]
         updated = {k: v + 1 for k, v in TENSORS.items()}
-        await sync_adapter([url], "math", updated, CONFIG)
+        await sync_adapter([url], "math", updated, CONFIG, mode="tensors")
     loaded = fake.adapters["math"]
     assert loaded["config"] == CONFIG
     assert all(torch.equal(loaded["tensors"][k], v) for k, v in updated.items())
@@ -108,13 +116,14 @@ async def test_tensors_sync_replaces_adapter_between_pause_and_resume(version):
     assert first.schema == payload_schema_for(version)
 
 
-async def test_disk_sync_loads_a_peft_dir(tmp_path):
+async def test_disk_sync_is_the_default_and_loads_a_peft_dir(tmp_path):
     from safetensors.torch import load_file
 
     fake = FakeSGLang("0.5.15")
     async with fake as url:
-        result = await sync_adapter([url, url], "search", TENSORS, CONFIG, mode="disk", sync_dir=str(tmp_path))
+        result = await sync_adapter([url, url], "search", TENSORS, CONFIG, sync_dir=str(tmp_path))
     path = fake.adapters["search"]["path"]
+    assert path == str((tmp_path / "search").resolve())  # <sync_dir>/<adapter name>: what the stage reports
     assert result.schema == "peft_dir" and result.servers == 2
     written = load_file(f"{path}/adapter_model.safetensors")
     assert written.keys() == TENSORS.keys()
@@ -125,5 +134,19 @@ async def test_refused_load_raises_and_generation_resumes():
     fake = FakeSGLang("0.5.23", fail_load=True)
     async with fake as url:
         with pytest.raises(AdapterSyncError, match="rank too large"):
-            await sync_adapter([url], "retail", TENSORS, CONFIG)
+            await sync_adapter([url], "retail", TENSORS, CONFIG, mode="tensors")
+    assert fake.calls[-1] == "continue_generation"
+
+
+async def test_disk_sync_without_sync_dir_is_refused():
+    with pytest.raises(AdapterSyncError, match="sync_dir"):
+        await sync_adapter(["http://127.0.0.1:9"], "math", TENSORS, CONFIG)
+
+
+async def test_a_failed_load_is_not_retried(tmp_path):
+    fake = FakeSGLang("0.5.23", load_status=503)
+    async with fake as url:
+        with pytest.raises(AdapterSyncError, match="server overloaded"):
+            await sync_adapter([url], "math", TENSORS, CONFIG, sync_dir=str(tmp_path))
+    assert fake.calls.count("load_lora_adapter") == 1
     assert fake.calls[-1] == "continue_generation"

@@ -79,6 +79,8 @@ def test_each_group_option_composes_into_a_stage(option: Path, tmp_path: Path):
         overrides.append("kind=sft")
     elif group in ("data", "env") and tag != "search":  # stage2_search already has search + retriever
         overrides.append(f"+env@env_config.{tag}={tag}")
+    if group == "lora":
+        overrides.append("cluster.perf.sequence_parallel=false")  # LoRA refuses it (paper_2x8 sets it)
     if group == "service" and name != "retriever" or tag == "retail":
         overrides.append("+service@services.user_sim=user_sim")  # the retail env talks to it
     recipe, command = compiled("stage2_search", *overrides, tmp=tmp_path)
@@ -144,6 +146,78 @@ def test_mle_recipe_carries_lora_hooks_and_settings(tmp_path: Path):
     assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "sdft_backbone" / "checkpoint")]
     lora = LoraConfig.from_mapping(command.custom_config["aclarena_lora"])
     assert (lora.rank, lora.alpha, lora.adapter_name) == (16, 32.0, "search")
+
+
+MLE_RECIPES = ["mle_math", "mle_search", "mle_retail", "mle_if"]
+
+
+@pytest.mark.parametrize("name", MLE_RECIPES)
+def test_lora_stage_rollouts_sample_from_the_adapter_being_trained(name: str, tmp_path: Path):
+    """Without aclarena_experts the rollout sends no lora_path and SGLang samples from the bare backbone."""
+    from aclarena_slime.experts import ExpertTable
+
+    recipe, command = compiled(name, tmp=tmp_path)
+    adapter = command.custom_config["aclarena_lora"]["adapter_name"]
+    assert command.custom_config["aclarena_experts"] == {recipe.data.env: adapter}
+    assert ExpertTable.from_mapping(command.custom_config["aclarena_experts"]).adapter_for(recipe.data.env) == adapter
+
+
+def test_lora_stage_refuses_another_adapter_for_its_own_env(tmp_path: Path):
+    with pytest.raises(RecipeError, match="experts.math"):
+        compiled("mle_math", "+experts.math=old_math", tmp=tmp_path)
+    _, command = compiled("mle_math", "+experts.search=search", tmp=tmp_path)
+    assert command.custom_config["aclarena_experts"] == {"search": "search", "math": "math"}
+
+
+def test_lora_sync_defaults_to_disk_under_the_stage_checkpoint(tmp_path: Path):
+    from aclarena_slime.lora.config import LoraConfig
+
+    recipe, command = compiled("mle_math", tmp=tmp_path)
+    lora = LoraConfig.from_mapping(command.custom_config["aclarena_lora"])
+    assert (lora.sync_mode, lora.sync_dir) == ("disk", f"{recipe.checkpoint.save}/adapters")
+    _, command = compiled("mle_math", "lora.sync_dir=/shared/adapters", tmp=tmp_path)
+    assert command.custom_config["aclarena_lora"]["sync_dir"] == "/shared/adapters"
+
+
+@pytest.mark.parametrize("name", MLE_RECIPES)
+def test_mle_experts_are_served_on_the_backbone_they_train_on(name: str, tmp_path: Path):
+    """SGLang loads --hf-checkpoint: for an MLE expert that is the SDFT backbone's HF export, not the base model."""
+    _, sdft = compiled("sdft_backbone", tmp=tmp_path)
+    _, mle = compiled(name, tmp=tmp_path)
+    export = flag_value(sdft.train_args, "--save-hf")
+    assert export == [str(tmp_path / "runs" / "sdft_backbone" / "hf")]
+    assert flag_value(mle.train_args, "--hf-checkpoint") == export
+    assert flag_value(mle.train_args, "--load") == flag_value(sdft.train_args, "--save")
+
+
+def test_save_hf_must_be_one_folder(tmp_path: Path):
+    with pytest.raises(RecipeError, match="save_hf"):
+        compiled("sdft_backbone", "checkpoint.save_hf='/x/hf_{rollout_id}'", tmp=tmp_path)
+
+
+@pytest.mark.parametrize("name", MLE_RECIPES)
+def test_lora_stages_run_without_sequence_parallelism(name: str, tmp_path: Path):
+    _, command = compiled(name, tmp=tmp_path)
+    assert "--sequence-parallel" not in command.train_args
+    with pytest.raises(RecipeError, match="cluster.perf.sequence_parallel sets --sequence-parallel"):
+        compiled(name, "cluster.perf.sequence_parallel=true", tmp=tmp_path)
+    with pytest.raises(RecipeError, match="extra.sequence_parallel"):
+        compiled(name, "cluster.perf.sequence_parallel=false", "+extra.sequence_parallel=true", tmp=tmp_path)
+    with pytest.raises(RecipeError, match="--save-hf"):
+        compiled(name, "++checkpoint.save_hf=/x/hf", tmp=tmp_path)
+
+
+@pytest.mark.parametrize("path", STAGE_RECIPES, ids=lambda p: p.stem)
+def test_rl_recipes_keep_env_failed_samples_out_of_group_baselines(path: Path, tmp_path: Path):
+    recipe, command = compiled(path.stem, tmp=tmp_path)
+    expected = {
+        "rl": ["aclarena_slime.rollout.reward_post_process"],
+        "mopd": ["aclarena_slime.distill.mopd.mopd_post_process"],
+    }.get(recipe.kind)
+    if expected is None:
+        assert "--custom-reward-post-process-path" not in command.train_args
+    else:
+        assert flag_value(command.train_args, "--custom-reward-post-process-path") == expected
 
 
 def test_bad_lora_setting_names_it(tmp_path: Path):
