@@ -14,11 +14,13 @@ import os
 import textwrap
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
 
 from aclarena_slime.contract import EpisodeAborted
+from aclarena_slime.strict_config import from_mapping
 
 #: The end markers and the episode end reason each one gives.
 STOP_MARKERS = {"###STOP###": "user_stop", "###TRANSFER###": "user_transfer", "###OUT-OF-SCOPE###": "user_out_of_scope"}
@@ -106,6 +108,52 @@ class _ScriptedSession(UserSession):
         return next(self._replies, "###STOP###")
 
 
+@dataclass(frozen=True)
+class LLMUserSettings:
+    """The ``user`` section of the env config for ``kind: llm``: every key :class:`LLMUser` takes."""
+
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str | None = None
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    timeout_s: float = 120.0
+    retries: int = 2
+    backoff_s: float = 1.0
+    extra_body: dict[str, Any] | None = None
+    think_end: str = "</think>"
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> LLMUserSettings:
+        values = {k: v for k, v in config.items() if k != "kind"}
+        return from_mapping(cls, values, "user simulator settings")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_url, str) or not isinstance(self.model, str) or not self.base_url or not self.model:
+            raise ValueError("the LLM user simulator needs base_url and model (env config: user.base_url, user.model)")
+        checks = {
+            "api_key_env": self.api_key_env is None or isinstance(self.api_key_env, str),
+            "temperature": _number(self.temperature) and self.temperature >= 0,
+            "max_tokens": self.max_tokens is None or (_integer(self.max_tokens) and self.max_tokens > 0),
+            "timeout_s": _number(self.timeout_s) and self.timeout_s > 0,
+            "retries": _integer(self.retries) and self.retries >= 0,
+            "backoff_s": _number(self.backoff_s) and self.backoff_s >= 0,
+            "extra_body": self.extra_body is None or isinstance(self.extra_body, Mapping),
+            "think_end": isinstance(self.think_end, str),
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"user simulator setting {name} has a bad value: {getattr(self, name)!r}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class LLMUser(UserSimulator):
     """A simulator behind an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, SGLang, OpenAI...).
 
@@ -147,32 +195,21 @@ class LLMUser(UserSimulator):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LLMUser:
-        known = {
-            "base_url",
-            "model",
-            "api_key_env",
-            "temperature",
-            "max_tokens",
-            "timeout_s",
-            "retries",
-            "backoff_s",
-            "extra_body",
-        }
-        unknown = set(config) - known - {"kind"}
-        if unknown:
-            raise ValueError(f"unknown user simulator settings {sorted(unknown)}; known: {sorted(known)}")
-        if not config.get("base_url") or not config.get("model"):
-            raise ValueError("the LLM user simulator needs base_url and model (env config: user.base_url, user.model)")
-        return cls(**{k: v for k, v in config.items() if k in known})
+        """From the env config's ``user`` section; unknown keys and wrong types fail here, not mid-run."""
+        return cls(**asdict(LLMUserSettings.from_mapping(config)))
 
     def session(self, scenario: str) -> UserSession:
         return _LLMSession(self, f"{GUIDELINES}\n\n<scenario>\n{scenario}\n</scenario>")
 
-    def _client(self) -> aiohttp.ClientSession:
+    async def _client(self) -> aiohttp.ClientSession:
+        """This loop's session; one made on another loop is closed, not left open (it belongs to that loop)."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http.closed or self._loop is not loop:
+            old, old_loop = self._http, self._loop
             self._http = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
             self._loop = loop
+            if old is not None:  # replaced before awaiting, so concurrent calls share the new one
+                await _close_session(old, old_loop)
         return self._http
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
@@ -190,7 +227,7 @@ class LLMUser(UserSimulator):
             if attempt:
                 await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), 30.0))
             try:
-                async with self._client().post(self.url, json=body) as resp:
+                async with (await self._client()).post(self.url, json=body) as resp:
                     if resp.status >= 500 or resp.status == 429:  # overloaded or rate-limited: worth a retry
                         error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                         continue
@@ -219,8 +256,20 @@ class LLMUser(UserSimulator):
         return content.strip()
 
     async def aclose(self) -> None:
-        if self._http is not None and not self._http.closed:
-            await self._http.close()
+        if self._http is not None:
+            await _close_session(self._http, self._loop)
+        self._http = self._loop = None
+
+
+async def _close_session(session: aiohttp.ClientSession, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Close an aiohttp session made on ``loop``: on that loop while it lives (a session is bound to
+    its loop and not thread-safe), else here (aiohttp then only marks it closed)."""
+    if session.closed:
+        return
+    if loop is None or loop.is_closed() or loop is asyncio.get_running_loop():
+        await session.close()
+    else:
+        asyncio.run_coroutine_threadsafe(session.close(), loop)
 
 
 class _LLMSession(UserSession):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -125,6 +128,15 @@ def test_config_errors_are_clear(monkeypatch):
         build_user_simulator({"kind": "human"})
     with pytest.raises(ValueError, match="base_url and model"):
         build_user_simulator({})
+    for key, bad in (("retries", "2"), ("temperature", True), ("max_tokens", 0), ("extra_body", ["x"])):
+        with pytest.raises(ValueError, match=f"setting {key} has a bad value"):
+            build_user_simulator({"base_url": "http://x/v1", "model": "m", key: bad})
+
+
+def test_every_constructor_setting_is_a_config_key():
+    sim = build_user_simulator({"kind": "llm", "base_url": "http://x/v1", "model": "m", "think_end": "</reasoning>"})
+    assert isinstance(sim, LLMUser) and sim.think_end == "</reasoning>"
+    assert sim._text(chat("<reasoning>hm</reasoning> Hello.")[1]) == "Hello."
 
 
 async def test_scripted_user_then_stop():
@@ -151,3 +163,31 @@ def test_scenario_text_and_stop_markers():
     assert stop_reason("ok ###TRANSFER###") == "user_transfer"
     assert stop_reason("###OUT-OF-SCOPE###") == "user_out_of_scope"
     assert stop_reason("thanks, bye") is None
+
+
+def test_a_new_event_loop_closes_the_session_made_on_the_old_one():
+    sim = LLMUser("http://127.0.0.1:9/v1", "m", retries=0)  # nothing listens: each call fails after making its session
+
+    async def call() -> aiohttp.ClientSession:
+        with pytest.raises(EpisodeAborted):
+            await sim.session("s").reply("hi")
+        return sim._http
+
+    background = asyncio.new_event_loop()
+    thread = threading.Thread(target=background.run_forever, daemon=True)
+    thread.start()
+    try:
+        on_thread = asyncio.run_coroutine_threadsafe(call(), background).result(10)  # a loop that keeps running
+        first = asyncio.run(call())
+        deadline = time.monotonic() + 5  # closing on the other thread's loop is asynchronous
+        while not on_thread.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert on_thread.closed and not first.closed
+        second = asyncio.run(call())  # the first loop is closed by now
+        assert first.closed and not second.closed
+        asyncio.run(sim.aclose())  # from yet another loop
+        assert second.closed
+    finally:
+        background.call_soon_threadsafe(background.stop)
+        thread.join(10)
+        background.close()
