@@ -89,9 +89,12 @@ async def run_episode(
 
 
 async def _drive(env, episode, traj, client, chat, sampling_params, settings) -> Trajectory:
-    traj.messages = list(episode.conversation.messages)
-    traj.tools = episode.conversation.tools
-    traj.prompt_ids = chat.prompt_ids(traj.messages, traj.tools)
+    try:
+        traj.messages = list(episode.conversation.messages)
+        traj.tools = episode.conversation.tools
+        traj.prompt_ids = chat.prompt_ids(traj.messages, traj.tools)
+    except Exception as exc:  # noqa: BLE001 - the env's messages do not render: fail this sample only
+        return _render_failed(env, traj, "prompt", exc)
     params = dict(sampling_params)
     if env.stop:
         params["stop"] = list(dict.fromkeys(list(params.get("stop") or []) + list(env.stop)))
@@ -125,7 +128,10 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
             return _ended(traj, FAILED, "env_error", f"step returned {type(result).__name__}, not Observation or Done")
         if turn + 1 == max_turns:
             break
-        obs_ids = chat.observation_ids(result.messages, ids[-1] if ids else None)
+        try:
+            obs_ids = chat.observation_ids(result.messages, ids[-1] if ids else None)
+        except Exception as exc:  # noqa: BLE001
+            return _render_failed(env, traj, "observation", exc)
         room = settings.max_response_tokens - len(traj.response_ids)
         traj.messages += result.messages
         traj.add(obs_ids[:room], None, trainable=False)
@@ -144,6 +150,13 @@ async def _finish(episode, traj: Trajectory, status: str, reason: str) -> Trajec
         return _ended(traj, FAILED, "score_error", f"{type(exc).__name__}: {exc}")
     traj.status, traj.end_reason = status, reason
     return traj
+
+
+def _render_failed(env: Environment, traj: Trajectory, what: str, exc: Exception) -> Trajectory:
+    """An env message the chat template cannot render (content None, a bad role, a jinja error) is the
+    env's bug: the sample fails with the reason, the rollout goes on."""
+    log.exception("the chat template cannot render the %s of env %s", what, type(env).__name__)
+    return _ended(traj, FAILED, "render_error", f"cannot render the env's {what}: {type(exc).__name__}: {exc}")
 
 
 def _ended(traj: Trajectory, status: str, reason: str, error: str | None) -> Trajectory:

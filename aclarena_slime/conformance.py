@@ -53,6 +53,11 @@ def _check_messages(messages: object, where: str, problems: list[str]) -> None:
         problems.append(f"{where}: messages are not JSON-serialisable ({exc})")
 
 
+def _role(message: object) -> object:
+    """A message's role; None for a message that is not a dict (reported by :func:`_check_messages`)."""
+    return message.get("role") if isinstance(message, dict) else None
+
+
 async def _score_ok(env: Environment, episode: Episode, where: str, problems: list[str]) -> None:
     try:
         score = await episode.score()
@@ -87,17 +92,25 @@ async def check_environment(env: Environment, tasks: Sequence[Task], turns: Sequ
             problems.append(f"{where}: Task does not round-trip through pickle ({exc})")
         for turn in [*HOSTILE_TURNS, *turns]:
             label = f"{where}, turn {turn[:30]!r}"
-            episode = await env.start(task)
+            try:
+                episode = await env.start(task)
+            except Exception as exc:  # noqa: BLE001 - reported, like every other broken invariant
+                problems.append(f"{where}: start() raised {type(exc).__name__}: {exc}")
+                break
             try:
                 conversation = episode.conversation
                 if not isinstance(conversation, Conversation):
                     problems.append(f"{where}: episode.conversation is {type(conversation).__name__}, not Conversation")
                     break
                 _check_messages(conversation.messages, f"{where} conversation", problems)
-                if conversation.messages and conversation.messages[-1].get("role") not in ("user", "tool"):
+                messages = conversation.messages
+                if messages and _role(messages[-1] if isinstance(messages, list) else None) not in ("user", "tool"):
                     problems.append(f"{where}: the conversation must end with a user or tool message")
                 if conversation.tools is not None:
-                    json.dumps(conversation.tools)
+                    try:
+                        json.dumps(conversation.tools)
+                    except (TypeError, ValueError) as exc:
+                        problems.append(f"{where}: tools are not JSON-serialisable ({exc})")
                 try:
                     result = await episode.step(turn)
                 except Exception as exc:  # noqa: BLE001
@@ -105,9 +118,12 @@ async def check_environment(env: Environment, tasks: Sequence[Task], turns: Sequ
                     continue
                 if isinstance(result, Observation):
                     _check_messages(result.messages, f"{label} observation", problems)
-                    bad_roles = {m.get("role") for m in result.messages} - {"user", "tool"}
+                    roles = {_role(m) for m in result.messages} if isinstance(result.messages, list) else set()
+                    bad_roles = roles - {"user", "tool"}
                     if bad_roles:
-                        problems.append(f"{label}: observation roles must be user/tool, got {sorted(bad_roles)}")
+                        problems.append(
+                            f"{label}: observation roles must be user/tool, got {sorted(map(str, bad_roles))}"
+                        )
                 elif not isinstance(result, Done):
                     problems.append(f"{label}: step() returned {type(result).__name__}, not Observation or Done")
                 await _score_ok(env, episode, label, problems)

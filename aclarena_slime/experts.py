@@ -40,15 +40,19 @@ class ExpertTable:
     experts: Mapping[str, Expert]
     base_name: str | None = None
     base_path: Path | None = None
-    default: str | None = None  # tag used for a request without one, or for an unknown tag
+    default: str | None = None  # tag used for a request without one (never for an unknown tag)
     root: Path | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def lookup(self, tag: str | None) -> Expert:
-        """The expert for ``tag``; the default expert when configured; else an error naming the known tags."""
-        if tag in self.experts:
+        """The expert for ``tag``; for no tag (None) the default expert when configured.
+
+        An unknown tag is an error naming the known tags even when a default exists (DESIGN.md): a
+        misspelt tag must not be served silently by another domain's expert.
+        """
+        if tag is not None and tag in self.experts:
             return self.experts[tag]
-        if self.default is not None:
+        if tag is None and self.default is not None:
             return self.experts[self.default]
         known = ", ".join(sorted(self.experts)) or "(none)"
         what = f"environment tag {tag!r}" if tag is not None else "a request without an environment tag"

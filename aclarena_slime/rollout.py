@@ -4,12 +4,15 @@ Point slime at them by dotted path::
 
     --custom-generate-function-path aclarena_slime.rollout.generate
     --custom-rm-path aclarena_slime.rollout.reward
+    --custom-reward-post-process-path aclarena_slime.rollout.reward_post_process
 
 What they read from ``args`` (everything else is passed on as plain values):
 
 - ``sglang_router_ip``, ``sglang_router_port``: the engine endpoint (slime's router, or one server);
 - ``hf_checkpoint``: where the tokenizer lives;
-- ``rollout_max_response_len``: the response budget across all turns (observations included);
+- ``rollout_max_response_len``: the response budget across all turns (observations included), unless
+  ``sampling_params["max_new_tokens"]`` gives one (slime's eval passes each dataset's own budget there);
+- ``apply_chat_template_kwargs`` (optional): extra keyword arguments of the chat template;
 - ``aclarena_env_config`` (optional, from ``--custom-config-path``): ``{tag: {env settings}}``;
 - ``aclarena_experts`` (optional): an ``experts.json`` path or a ``{tag: adapter_name}`` mapping; when
   set, every request carries ``lora_path`` = the expert of the sample's env tag.
@@ -19,7 +22,9 @@ Samples are slime's ``Sample`` or anything with the same fields (tests use a duc
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +32,7 @@ from aclarena_slime.agent_loop import ABORTED, FAILED, LoopSettings, Trajectory,
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.contract import Done, Task
 from aclarena_slime.experts import ExpertTable
+from aclarena_slime.group_rewards import normalized_rewards, reward_value
 from aclarena_slime.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient
 
@@ -42,22 +48,29 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     tag = env_tag(sample)
     env = get_environment(tag, env_config(args, tag))
     settings = LoopSettings(
-        max_response_tokens=int(args.rollout_max_response_len),
+        max_response_tokens=int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len),
         lora_path=expert_adapter(args, tag),
     )
     client = SGLangClient.from_host_port(args.sglang_router_ip, args.sglang_router_port)
-    chat = chat_tokens(args.hf_checkpoint)
+    chat = chat_tokens(args.hf_checkpoint, _template_kwargs(args))
     traj = await run_episode(env, task_of(sample), client, chat, sampling_params, settings)
     fill_sample(sample, traj, chat, floor_reward=env.reward_range[0])
     return sample
 
 
-async def reward(args: Any, sample: Any, **_: Any) -> float:
+async def reward(args: Any, sample: Any, **_: Any) -> float | list[float]:
     """The episode's reward: the score computed at the end of ``generate``, or a replay of its turns.
 
     Replay covers samples that did not come through :func:`generate` (e.g. slime's own generate,
     or a dumped rollout): their model turns are stepped through a fresh episode and scored.
+    With ``--group-rm`` slime passes a group (a list of samples) and expects a list of rewards.
     """
+    if isinstance(sample, list):
+        return list(await asyncio.gather(*(_sample_reward(args, one) for one in sample)))
+    return await _sample_reward(args, sample)
+
+
+async def _sample_reward(args: Any, sample: Any) -> float:
     record = sample.metadata.setdefault(RECORD_KEY, {})
     if "score" in record:
         return float(record["score"]["reward"])
@@ -75,6 +88,14 @@ async def reward(args: Any, sample: Any, **_: Any) -> float:
         await episode.close()
     record["score"] = {"reward": score.reward, "breakdown": score.breakdown}
     return float(score.reward)
+
+
+def reward_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[float], list[float]]:
+    """slime ``--custom-reward-post-process-path``: ``(raw_rewards, rewards)`` as slime's default computes
+    them, except that removed samples (an env failure's placeholder reward) stay out of their group's
+    mean and std and get 0.0 (see :mod:`aclarena_slime.group_rewards`)."""
+    raw = [reward_value(args, sample) for sample in samples]
+    return raw, normalized_rewards(args, samples, raw)
 
 
 def env_tag(sample: Any) -> str:
@@ -108,11 +129,18 @@ def _manifest(path: str) -> ExpertTable:
     return ExpertTable.load(path)
 
 
+def _template_kwargs(args: Any) -> str:
+    """slime's ``--apply-chat-template-kwargs`` (e.g. ``enable_thinking``) as JSON: a hashable cache key."""
+    return json.dumps(getattr(args, "apply_chat_template_kwargs", None) or {}, sort_keys=True)
+
+
 @functools.lru_cache(maxsize=4)
-def chat_tokens(hf_checkpoint: str) -> ChatTokens:
+def chat_tokens(hf_checkpoint: str, template_kwargs: str = "{}") -> ChatTokens:
+    """One tokenizer per checkpoint and chat-template arguments (``template_kwargs`` is a JSON object)."""
     from transformers import AutoTokenizer
 
-    return ChatTokens(AutoTokenizer.from_pretrained(hf_checkpoint, trust_remote_code=True))
+    tokenizer = AutoTokenizer.from_pretrained(hf_checkpoint, trust_remote_code=True)
+    return ChatTokens(tokenizer, json.loads(template_kwargs))
 
 
 def fill_sample(sample: Any, traj: Trajectory, chat: ChatTokens, floor_reward: float = 0.0) -> None:

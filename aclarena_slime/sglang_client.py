@@ -8,7 +8,6 @@ exponential backoff; 4xx answers are the caller's fault and raise at once, carry
 from __future__ import annotations
 
 import asyncio
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +30,17 @@ class RetryPolicy:
     timeout_s: float | None = None  # total per request; None: generation can legitimately take minutes
 
 
-_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
+# A plain dict: a session references its loop, so a weak-keyed map would never free an entry.
+# Entries of closed loops are dropped whenever a new session is made.
+_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
 
 def _session() -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)
     if session is None or session.closed:
+        for stale in [other for other in _sessions if other.is_closed()]:
+            del _sessions[stale]
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
         _sessions[loop] = session

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up (or refresh) the project's virtualenv in .venv: CPU torch 2.13.0 and the package with its dev extra.
-#   bash launch/setup.sh            # idempotent; reinstalls only when pyproject.toml or setup.py changed
+# Set up (or refresh) the project's virtualenv in .venv: torch 2.13.0 and the package with its dev extra.
+#   bash launch/setup.sh            # idempotent; reinstalls only when pyproject.toml, setup.py or this script changed
+# On a CPU-only machine that installs torch from PyPI, add PyTorch's CPU index for the CPU build:
+#   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash launch/setup.sh
 # On a GPU cluster use slime's Docker image instead and `pip install -e . --no-deps` inside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +10,7 @@ cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3}"
 venv=".venv"
 stamp="$venv/.aclarena-setup"
-want="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py launch/setup.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
   exit 0
@@ -19,7 +21,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python_bin" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-# The CPU build of torch, pinned: an unpinned torch would pull a multi-GB CUDA build.
+# torch pinned. Where a local CPU wheel is served (this project's CPU machines) the pin gets the CPU
+# build; elsewhere pip takes PyPI's build, which on Linux is the multi-GB CUDA one unless the CPU
+# index is given (see the top of this file; not hard-coded: a machine that cannot reach it would hang).
 "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
 "$venv/bin/python" -m pip install --quiet -e ".[dev]"
 echo "$want" > "$stamp"

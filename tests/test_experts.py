@@ -32,7 +32,9 @@ def test_load_resolve_and_round_trip(tmp_path):
 
 def test_default_expert_and_short_form():
     table = ExpertTable.from_mapping({**MANIFEST, "default": "math"})
-    assert table.adapter_for("retail") == "math" and table.adapter_for(None) == "math"
+    assert table.adapter_for(None) == "math"
+    with pytest.raises(UnknownExpert, match="environment tag 'retail'; known tags: math, search"):
+        table.adapter_for("retail")  # the default serves untagged requests only, never a misspelt tag
     assert ExpertTable.from_mapping({"ifeval": "if-expert"}).adapter_for("ifeval") == "if-expert"
     with pytest.raises(ExpertError, match="default expert 'x'"):
         ExpertTable.from_mapping({**MANIFEST, "default": "x"})

@@ -99,3 +99,36 @@ async def test_the_kit_accepts_a_minimal_correct_env():
             return Echo(task)
 
     await check_environment(EchoEnv(), [Task("p", "hello")], turns=["hello"])
+
+
+async def test_the_kit_reports_a_crashing_start_bad_tools_and_non_dict_messages():
+    class Odd(Episode):
+        def __init__(self):
+            self.conversation = Conversation(["not a dict message"], tools=[{"fn": object()}])
+
+        async def step(self, text):
+            return Observation(["also not a dict"])
+
+        async def score(self):
+            return Score(0.0)
+
+    class OddEnv(Environment):
+        tag = "odd"
+
+        async def start(self, task):
+            if task.label == "crash":
+                raise RuntimeError("cannot start")
+            return Odd()
+
+    with pytest.raises(ConformanceError) as info:
+        await check_environment(OddEnv(), [Task("p", "crash"), Task("p", "ok")])
+    message = str(info.value)
+    for expected in (
+        "task 0: start() raised RuntimeError: cannot start",
+        "task 1 conversation: each message needs a 'role'",
+        "task 1: the conversation must end with a user or tool message",
+        "task 1: tools are not JSON-serialisable",
+        "observation: each message needs a 'role'",
+        "observation roles must be user/tool, got ['None']",
+    ):
+        assert expected in message

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from aclarena_slime import registry
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score
-from aclarena_slime.rollout import MissingEnvTag, generate, reward
+from aclarena_slime.rollout import MissingEnvTag, generate, reward, reward_post_process
 from aclarena_slime.testing.fake_sglang import FakeSGLang, Reply, fake_logprob
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
 
@@ -107,7 +108,8 @@ async def test_stop_string_turn_gets_closing_tokens_unmasked_by_model(tiny_check
 async def test_budget_truncates_and_still_scores(tiny_checkpoint, tiny_tokenizer):
     async with FakeSGLang(tiny_tokenizer, ["a very long answer " * 50 + "\\boxed{5}"]) as engine:
         args = _args(tiny_checkpoint, engine, rollout_max_response_len=16)
-        out = await generate(args, FakeSample(prompt="p", label="5", metadata={"env": "math"}), _params())
+        params = {k: v for k, v in _params().items() if k != "max_new_tokens"}
+        out = await generate(args, FakeSample(prompt="p", label="5", metadata={"env": "math"}), params)
     check_invariants(out)
     assert out.response_length == 16 and out.status is S.TRUNCATED
     assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 16
@@ -117,7 +119,7 @@ async def test_budget_truncates_and_still_scores(tiny_checkpoint, tiny_tokenizer
 async def test_observation_overflowing_the_budget_is_cut(tiny_checkpoint, tiny_tokenizer):
     async with FakeSGLang(tiny_tokenizer, ["<guess>x</guess>"]) as engine:
         args = _args(tiny_checkpoint, engine, rollout_max_response_len=12)
-        out = await generate(args, FakeSample(label="zebra", metadata={"env": "mock"}), _params())
+        out = await generate(args, FakeSample(label="zebra", metadata={"env": "mock"}), {"max_new_tokens": 12})
     check_invariants(out)
     assert out.response_length == 12 and out.status is S.TRUNCATED
 
@@ -205,3 +207,124 @@ async def test_caller_sampling_params_are_not_mutated(tiny_checkpoint, tiny_toke
             _args(tiny_checkpoint, engine), FakeSample(prompt="p", label="1", metadata={"env": "math"}), params
         )
     assert params == _params()
+
+
+async def test_eval_budget_comes_from_sampling_params(tiny_checkpoint, tiny_tokenizer):
+    """slime's eval passes each eval dataset's max_response_len as ``max_new_tokens``: it wins over the args."""
+    async with FakeSGLang(tiny_tokenizer, ["a very long answer " * 50]) as engine:
+        args = _args(tiny_checkpoint, engine, rollout_max_response_len=256)
+        params = {**_params(), "max_new_tokens": 10}
+        out = await generate(args, FakeSample(prompt="p", label="5", metadata={"env": "math"}), params)
+    assert out.response_length == 10 and out.status is S.TRUNCATED
+    assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 10
+
+
+async def test_chat_template_kwargs_reach_the_template(tiny_checkpoint, tiny_tokenizer, tmp_path):
+    thinking_off = "<think>\n\n</think>\n\n"
+    tokenizer = type(tiny_tokenizer).from_pretrained(tiny_checkpoint)
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        "{{- '<|im_start|>assistant\\n' }}",
+        "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is false %}{{- '"
+        + thinking_off.replace("\n", "\\n")
+        + "' }}{%- endif %}",
+    )
+    assert "enable_thinking" in tokenizer.chat_template
+    tokenizer.save_pretrained(tmp_path)
+    prompts = []
+    for kwargs in ({"enable_thinking": False}, None):
+        async with FakeSGLang(tiny_tokenizer, ["\\boxed{1}"]) as engine:
+            args = _args(tmp_path, engine, apply_chat_template_kwargs=kwargs)
+            await generate(args, FakeSample(prompt="p", label="1", metadata={"env": "math"}), _params())
+        prompts.append(tiny_tokenizer.decode(engine.requests[0]["input_ids"]))
+    assert prompts[0].endswith("<|im_start|>assistant\n" + thinking_off)
+    assert prompts[1].endswith("<|im_start|>assistant\n"), "same checkpoint, other kwargs: not the cached renderer"
+
+
+async def test_group_rm_reward_takes_and_returns_a_list(tiny_checkpoint):
+    args = make_args(tiny_checkpoint, "127.0.0.1", 1, group_rm=True)
+    group = [
+        FakeSample(prompt="p", label="12", response=f"\\boxed{{{answer}}}", metadata={"env": "math"})
+        for answer in (12, 13, 12)
+    ]
+    assert await reward(args, group) == [1.0, 0.0, 1.0]
+
+
+async def test_an_env_message_the_template_cannot_render_fails_the_sample(tiny_checkpoint, tiny_tokenizer):
+    class NoneContent(Episode):
+        def __init__(self, where):
+            self.where = where
+            content = None if where == "prompt" else "hi"
+            self.conversation = Conversation([{"role": "user", "content": content}])
+
+        async def step(self, text):
+            return Observation([{"role": "user", "content": None}])
+
+        async def score(self):
+            return Score(1.0)
+
+    for where in ("prompt", "observation"):
+
+        class BadMessages(Environment):
+            tag = f"bad-messages-{where}"
+            max_turns = 2
+
+            async def start(self, task, where=where):
+                return NoneContent(where)
+
+        registry.register(BadMessages.tag, BadMessages)
+        async with FakeSGLang(tiny_tokenizer, ["hello"]) as engine:
+            out = await generate(
+                _args(tiny_checkpoint, engine), FakeSample(metadata={"env": BadMessages.tag}), _params()
+            )
+        check_invariants(out)
+        record = out.metadata["aclarena"]
+        assert out.status is S.FAILED and out.remove_sample and record["end"] == "render_error"
+        assert f"cannot render the env's {where}" in record["error"]
+        assert len(engine.requests) == (0 if where == "prompt" else 1)
+
+
+def _group(rewards, removed=(), group=0):
+    return [
+        FakeSample(
+            group_index=group, reward=r, remove_sample=i in removed, status=S.FAILED if i in removed else S.COMPLETED
+        )
+        for i, r in enumerate(rewards)
+    ]
+
+
+def _pp_args(**kw):
+    base = {"advantage_estimator": "grpo", "rewards_normalization": True, "grpo_std_normalization": True}
+    return SimpleNamespace(**{**base, "n_samples_per_prompt": 4, "reward_key": None, **kw})
+
+
+def test_post_process_keeps_removed_samples_out_of_the_group_baseline():
+    samples = _group([1.0, 0.0, 0.0, 0.0], removed={2}) + _group([0.0, 1.0, 1.0, 1.0], removed={3}, group=1)
+    raw, rewards = reward_post_process(_pp_args(), samples)
+    assert raw == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    # group 0 over the kept three: mean 1/3, std sqrt(1/3); the removed sample gets 0.0
+    std = (1 / 3) ** 0.5
+    assert rewards[:4] == pytest.approx([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), 0.0, (-1 / 3) / (std + 1e-6)])
+    assert rewards[4:] == pytest.approx([(-2 / 3) / (std + 1e-6), (1 / 3) / (std + 1e-6), (1 / 3) / (std + 1e-6), 0.0])
+
+
+def test_post_process_follows_slime_estimator_switches():
+    samples = _group([1.0, 0.0, 0.0, 0.0], removed={3})
+    _, gspo = reward_post_process(_pp_args(advantage_estimator="gspo"), samples)
+    _, grpo = reward_post_process(_pp_args(), samples)
+    assert gspo == grpo
+    _, no_std = reward_post_process(_pp_args(grpo_std_normalization=False), samples)
+    assert no_std == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0])
+    _, baseline = reward_post_process(_pp_args(advantage_estimator="reinforce_plus_plus_baseline"), samples)
+    assert baseline == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0]), "mean only, as slime does"
+    _, ppo = reward_post_process(_pp_args(advantage_estimator="ppo"), samples)
+    _, off = reward_post_process(_pp_args(rewards_normalization=False), samples)
+    assert ppo == off == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_post_process_groups_by_position_without_group_index_and_reads_reward_key():
+    samples = [FakeSample(reward={"acc": r, "fmt": 0.5}) for r in (1.0, 0.0, 0.0, 1.0)]
+    samples[1].remove_sample = True
+    raw, rewards = reward_post_process(_pp_args(n_samples_per_prompt=2, reward_key="acc"), samples)
+    assert raw == [1.0, 0.0, 0.0, 1.0]
+    assert rewards[:2] == [0.0, 0.0], "one kept sample: no baseline to compare with"
+    assert rewards[2:] == pytest.approx([-0.5 / (0.5**0.5 + 1e-6), 0.5 / (0.5**0.5 + 1e-6)])

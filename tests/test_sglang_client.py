@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -76,3 +77,24 @@ async def test_connection_is_reused_across_requests():
         for _ in range(5):
             await client.generate([1], {})
     assert len(peers) == 1
+
+
+def test_sessions_of_closed_loops_are_dropped():
+    """A session references its loop: the map must drop closed loops itself, or it grows forever."""
+    from aclarena_slime import sglang_client
+
+    async def open_and_close() -> asyncio.AbstractEventLoop:
+        await sglang_client._session().close()  # closed, but the entry stays (as when a loop just ends)
+        return asyncio.get_running_loop()
+
+    first = asyncio.run(open_and_close())
+    assert first in sglang_client._sessions
+
+    async def open_another() -> None:
+        session = sglang_client._session()
+        assert list(sglang_client._sessions) == [asyncio.get_running_loop()]
+        await session.close()
+
+    asyncio.run(open_another())
+    assert first not in sglang_client._sessions
+    sglang_client._sessions.clear()

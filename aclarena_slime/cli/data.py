@@ -32,4 +32,8 @@ def run(args: argparse.Namespace) -> int:
     if not target:
         raise CommandError(f"environment {args.env!r} has no data preparation")
     module, _, name = target.rpartition(".")
-    return int(getattr(importlib.import_module(module), name)(list(args.rest)) or 0)
+    prepare = getattr(importlib.import_module(module), name)
+    try:
+        return int(prepare(list(args.rest)) or 0)
+    except (ValueError, OSError) as exc:  # bad or missing input data: the user's to fix, not a traceback
+        raise CommandError(f"{args.env}: {exc}") from exc

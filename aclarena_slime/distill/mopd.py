@@ -40,14 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aclarena_slime.experts import ExpertTable, UnknownExpert
+from aclarena_slime.group_rewards import normalized_rewards
 from aclarena_slime.rollout import RECORD_KEY, env_tag
 from aclarena_slime.rollout import reward as env_reward
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
-
-NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # slime's group-norm set
-STD_ESTIMATORS = ("grpo", "gspo", "cispo")
 
 
 class TeacherConfigError(ValueError):
@@ -225,29 +223,7 @@ def mopd_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[flo
         if isinstance(value, Mapping):
             value = value.get(getattr(args, "reward_key", None) or "reward")
         raw.append(float(value) if isinstance(value, (int, float)) else 0.0)
-    return raw, _normalized(args, samples, raw)
-
-
-def _normalized(args: Any, samples: list[Any], raw: list[float]) -> list[float]:
-    estimator = getattr(args, "advantage_estimator", "grpo")
-    if estimator not in NORMALIZED_ESTIMATORS or not getattr(args, "rewards_normalization", True):
-        return list(raw)
-    use_std = estimator in STD_ESTIMATORS and getattr(args, "grpo_std_normalization", True)
-    size = int(getattr(args, "n_samples_per_prompt", 1) or 1)
-    groups: dict[Any, list[int]] = {}
-    for i, sample in enumerate(samples):
-        key = sample.group_index if sample.group_index is not None else i // size
-        groups.setdefault(key, []).append(i)
-    out = [0.0] * len(raw)
-    for members in groups.values():
-        kept = [i for i in members if not samples[i].remove_sample]
-        if not kept:
-            continue
-        mean = sum(raw[i] for i in kept) / len(kept)
-        std = math.sqrt(sum((raw[i] - mean) ** 2 for i in kept) / (len(kept) - 1)) if len(kept) > 1 else 0.0
-        for i in kept:
-            out[i] = (raw[i] - mean) / (std + 1e-6) if use_std else raw[i] - mean
-    return out
+    return raw, normalized_rewards(args, samples, raw)
 
 
 def _temperature(args: Any) -> float:

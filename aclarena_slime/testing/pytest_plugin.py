@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
 
@@ -25,9 +26,13 @@ def tiny_tokenizer(tiny_checkpoint: Path):
     return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
-@pytest.fixture(autouse=True)
+@pytest_asyncio.fixture(autouse=True)
 async def _close_sglang_sessions():
-    """Each test has its own event loop: close the client session made on it."""
+    """Each test has its own event loop: close the client session made on it.
+
+    ``pytest_asyncio.fixture``, not ``pytest.fixture``: in pytest-asyncio's strict mode (a plugin
+    author's default) a plain-decorated async fixture is never awaited and breaks every test.
+    """
     yield
     from aclarena_slime.sglang_client import close_sessions
 

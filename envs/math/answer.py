@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
 _INTEGER = re.compile(r"^[+-]?\d+$")
 
 
@@ -24,19 +25,23 @@ def after_thinking(text: str) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` with balanced braces (None if there is none)."""
-    result = None
-    for match in _BOX.finditer(text):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    result = text[start:i]
-                    break
-    return result.strip() if result is not None else None
+    """The content of the last ``\\boxed{...}`` with balanced braces (None if there is none).
+
+    One pass with a stack of open braces (a rescan per ``\\boxed{`` is quadratic, and this runs on
+    the event loop on responses of tens of thousands of characters).
+    """
+    box_braces = {match.end() - 1 for match in _BOX.finditer(text)}
+    open_braces: list[int] = []
+    best: tuple[int, int] | None = None  # (content start, content end) of the latest-opened closed box
+    for brace in _BRACE.finditer(text):
+        at = brace.start()
+        if text[at] == "{":
+            open_braces.append(at)
+        elif open_braces:
+            opened = open_braces.pop()
+            if opened in box_braces and (best is None or opened + 1 > best[0]):
+                best = (opened + 1, at)
+    return text[best[0] : best[1]].strip() if best is not None else None
 
 
 def final_answer(response: str) -> str | None:

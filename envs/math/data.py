@@ -21,14 +21,16 @@ _DAPO_HEAD = re.compile(r"^Solve the following math problem step by step\..*?\n\
 _DAPO_TAIL = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
+def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(where, record)``: ``where`` is ``file:line`` (parquet: ``file:row``) for error messages."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        yield from pq.read_table(path).to_pylist()
+        for row, record in enumerate(pq.read_table(path).to_pylist(), 1):
+            yield f"{path}:row {row}", record
         return
-    for _, record in iter_jsonl(path):
-        yield record
+    for line, record in iter_jsonl(path):
+        yield f"{path}:{line}", record
 
 
 def problem_text(record: dict[str, Any]) -> str:
@@ -50,12 +52,20 @@ def answer_text(record: dict[str, Any]) -> str:
     raise ValueError(f"record has no answer: keys {sorted(record)}")
 
 
-def to_slime(records: Iterable[dict[str, Any]], source: str, split: str | None = None) -> Iterator[dict[str, Any]]:
-    for i, record in enumerate(records):
+def to_slime(
+    records: Iterable[tuple[str, dict[str, Any]]], source: str, split: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """slime records from ``(where, record)`` pairs; a record that cannot be converted raises
+    ValueError starting with its ``where``, so a user can find it among 17k lines."""
+    for i, (where, record) in enumerate(records):
         metadata: dict[str, Any] = {"env": "math", "source": record.get("data_source") or source, "index": i}
         if split:
             metadata["split"] = split
-        yield {"prompt": problem_text(record), "label": answer_text(record), "metadata": metadata}
+        try:
+            prompt, label = problem_text(record), answer_text(record)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        yield {"prompt": prompt, "label": label, "metadata": metadata}
 
 
 def main(argv: list[str]) -> int:

@@ -12,13 +12,24 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from aclarena_envs.math.answer import final_answer
 from aclarena_envs.math.verifier import VerifierPool, verify_answer
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
+from aclarena_slime.strict_config import from_mapping
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass(frozen=True)
+class MathConfig:
+    """The env's settings: built strictly, so a misspelt key (``timeout``) is an error, not a default."""
+
+    instruction: str | None = DEFAULT_INSTRUCTION
+    timeout_s: float = 5.0
+    workers: int = 2
 
 
 def gold_answer(label: Any) -> str:
@@ -57,10 +68,9 @@ class MathEnvironment(Environment):
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
-        self.instruction: str | None = self.config.get("instruction", DEFAULT_INSTRUCTION)
-        self.pool = VerifierPool(
-            workers=int(self.config.get("workers", 2)), timeout_s=float(self.config.get("timeout_s", 5.0))
-        )
+        settings = from_mapping(MathConfig, self.config, "config keys of the math env")
+        self.instruction = settings.instruction
+        self.pool = VerifierPool(workers=int(settings.workers), timeout_s=float(settings.timeout_s))
 
     def conversation(self, task: Task) -> Conversation:
         if isinstance(task.prompt, list):

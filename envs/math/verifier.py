@@ -86,7 +86,7 @@ class VerifierPool:
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._started = False
-        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="math-verify")
+        self._threads: ThreadPoolExecutor | None = None
 
     def _start(self) -> None:
         with self._lock:
@@ -94,6 +94,14 @@ class VerifierPool:
                 for _ in range(self._size):
                     self._idle.put(_Worker(self._soft_timeout))
                 self._started = True
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """Made on first use and again after :meth:`close`: the registry shares one env (and pool) per
+        process, and ``aclose`` on it must not leave the next caller with a shut-down executor."""
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=self._size, thread_name_prefix="math-verify")
+            return self._threads
 
     def check_blocking(self, gold: str, pred: str, startup_timeout_s: float = 120.0) -> Verdict:
         self._start()
@@ -119,14 +127,17 @@ class VerifierPool:
 
     async def check(self, gold: str, pred: str) -> Verdict:
         """Never blocks the event loop: the wait happens on one of the pool's threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self.check_blocking, gold, pred)
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), self.check_blocking, gold, pred)
 
     def close(self) -> None:
+        """Stop the workers and threads; the next check starts them again."""
         with self._lock:
             while not self._idle.empty():
                 self._idle.get_nowait().kill()
             self._started = False
-        self._threads.shutdown(wait=False)
+            threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False)
 
 
 async def verify_answer(gold: str, pred: str, pool: VerifierPool) -> Verdict:

@@ -10,11 +10,20 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
+from aclarena_slime.strict_config import from_mapping
 
 _GUESS = re.compile(r"<guess>(.*?)</guess>", re.S)
+
+
+@dataclass(frozen=True)
+class MockConfig:
+    """The env's settings: built strictly, so a misspelt key is an error, not a silent default."""
+
+    max_turns: int = 3
 
 
 class MockEpisode(Episode):
@@ -46,7 +55,7 @@ class MockEnvironment(Environment):
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
-        self.max_turns = int(self.config.get("max_turns", 3))
+        self.max_turns = int(from_mapping(MockConfig, self.config, "config keys of the mock env").max_turns)
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         rng = random.Random(seed)

@@ -1,14 +1,25 @@
 """Template for a new environment: copy this folder, rename the tag, fill in the three methods.
 
 Reward range: [0, 1]. A one-turn task: the model answers, the answer is compared with the label.
+Config: ``instruction`` (appended to the prompt). Keep settings in a dataclass built with
+:func:`~aclarena_slime.strict_config.from_mapping`, so a misspelt key fails instead of being ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
+from aclarena_slime.strict_config import from_mapping
+
+
+@dataclass(frozen=True)
+class TemplateConfig:
+    """The env's settings (recipe ``aclarena_env_config.template``)."""
+
+    instruction: str = "Answer with one word."
 
 
 class TemplateEpisode(Episode):
@@ -30,7 +41,7 @@ class TemplateEnvironment(Environment):
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
-        self.instruction = self.config.get("instruction", "Answer with one word.")
+        self.instruction = from_mapping(TemplateConfig, self.config, "config keys of the template env").instruction
 
     async def start(self, task: Task) -> TemplateEpisode:
         return TemplateEpisode(task, self.instruction)

@@ -14,6 +14,7 @@ from aclarena_envs.math.answer import as_integer, final_answer, last_boxed
 from aclarena_envs.math.data import main as prepare
 from aclarena_envs.math.env import MathEnvironment
 from aclarena_envs.math.verifier import VerifierPool, verify_answer
+from aclarena_slime.cli import main as aclarena
 from aclarena_slime.contract import Task
 
 
@@ -136,7 +137,7 @@ def test_prepare_dapo_parquet_and_aime_jsonl(tmp_path):
     assert json.loads((tmp_path / "aime26.jsonl").read_text())["label"] == "73"
 
     (tmp_path / "bad.jsonl").write_text('{"problem": "no answer"}\n')
-    with pytest.raises(ValueError, match="no answer"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: record has no answer"):
         prepare(["--input", str(tmp_path / "bad.jsonl"), "--output", str(tmp_path / "x.jsonl")])
     assert not (tmp_path / "x.jsonl").exists(), "a failed conversion leaves no half-written file"
 
@@ -175,3 +176,39 @@ def test_data_prepare_cli_dispatches_to_the_env(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["written"] == 1
+
+
+def test_data_prepare_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"problem": "P", "answer": "1"}) + "\n" + '{"problem": "Q"}\n')
+    for source, expected in [("bad.jsonl", "bad.jsonl:2: record has no answer"), ("missing.jsonl", "No such file")]:
+        argv = ["data", "prepare", "math", "--input", str(tmp_path / source), "--output", str(tmp_path / "o.jsonl")]
+        assert aclarena(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("aclarena data: math: ") and expected in err and "Traceback" not in err
+
+
+def test_last_boxed_is_linear_on_hostile_input():
+    assert last_boxed("\\boxed{" * 200_000) is None
+    assert last_boxed("\\boxed{" * 200_000 + "7}") == "7"
+
+
+def test_misspelt_config_keys_are_refused():
+    with pytest.raises(ValueError, match=r"unknown config keys of the math env \['timeout'\]; known: .*timeout_s"):
+        MathEnvironment({"timeout": 3})
+
+
+def test_the_shared_env_verifies_again_after_aclose():
+    """The registry shares one env per process and ``aclarena score`` / the local stage call ``aclose`` on
+    it: the verifier pool must start again on the next check, in a new event loop."""
+    env = MathEnvironment({"workers": 1, "timeout_s": 3.0})
+
+    async def score_then_close() -> float:
+        episode = await env.start(Task("What is a half?", "0.5", {"env": "math"}))
+        await episode.step("\\boxed{\\frac{1}{2}}")
+        try:
+            return (await episode.score()).reward
+        finally:
+            await env.aclose()
+
+    assert asyncio.run(score_then_close()) == 1.0
+    assert asyncio.run(score_then_close()) == 1.0

@@ -1,3 +1,5 @@
+import pytest
+
 from aclarena_envs.template.env import TemplateEnvironment
 from aclarena_slime.conformance import check_environment
 from aclarena_slime.contract import Task
@@ -9,3 +11,9 @@ async def test_template_conforms_and_scores():
     episode = await env.start(Task("Say red.", "red", {"env": "template"}))
     await episode.step("<think>easy</think> Red")
     assert (await episode.score()).reward == 1.0
+
+
+def test_misspelt_config_keys_are_refused():
+    assert TemplateEnvironment({"instruction": "One word."}).instruction == "One word."
+    with pytest.raises(ValueError, match=r"unknown config keys of the template env \['instructions'\]"):
+        TemplateEnvironment({"instructions": "One word."})
