@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aclarena_envs.retail.db import RetailDatabase
+from aclarena_slime.jsonl import write_jsonl_atomic
 
 TAG = "retail"
 SPLITS = ("base", "train", "test")
@@ -120,11 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DataDirError, ValueError) as exc:
         print(f"retail data: {exc}", file=sys.stderr)
         return 2
-    text = "".join(json.dumps(r) + "\n" for r in rows)
     if args.out == "-":
-        sys.stdout.write(text)
+        sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
     else:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
-        print(f"wrote {len(rows)} {args.split} records to {args.out}", file=sys.stderr)
+        written = write_jsonl_atomic(rows, args.out)  # an interrupted run never leaves half a file
+        print(f"wrote {written} {args.split} records to {args.out}", file=sys.stderr)
     return 0
