@@ -13,12 +13,13 @@ dropping the leading ``None`` of ``input_top_logprobs``). Lines are matched by `
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from aclarena_slime.analysis.entropy import EntropyError, TokenStats, stats_from_logits, stats_from_top_logprobs
+from aclarena_slime.jsonl import JsonlError, iter_jsonl
 
 
 @dataclass(frozen=True)
@@ -33,25 +34,19 @@ class TokenSequence:
         return [start + i for i, m in enumerate(self.mask) if m]
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def _jsonl(path: Path, limit: int | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for the first ``limit`` records; any bad line is an EntropyError."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        return list(islice(iter_jsonl(path), limit))
+    except JsonlError as exc:
+        raise EntropyError(str(exc)) from None
     except OSError as exc:
         raise EntropyError(f"cannot read {path}: {exc}") from exc
-    out = []
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise EntropyError(f"{path}:{number}: not JSON ({exc})") from None
-    return out
 
 
 def read_sequences(path: str | Path, tokenizer: Any = None, limit: int | None = None) -> list[TokenSequence]:
-    records = _jsonl(Path(path))[:limit]
     sequences = []
-    for number, record in enumerate(records, 1):
+    for number, record in _jsonl(Path(path), limit):
         if "response_ids" in record:
             response = [int(t) for t in record["response_ids"]]
             mask = [int(m) for m in record.get("loss_mask") or [1] * len(response)]
@@ -105,8 +100,8 @@ def model_stats(model: Any, sequences: list[TokenSequence]) -> TokenStats:
 def read_top_logprobs(path: str | Path) -> dict[str, list[list[list[Any]]]]:
     """``id -> per-position top-k lists`` from one checkpoint's file."""
     out = {}
-    for number, record in enumerate(_jsonl(Path(path)), 1):
-        key = str(record.get("id", number - 1))
+    for index, (number, record) in enumerate(_jsonl(Path(path))):
+        key = str(record.get("id", index))
         if "top_logprobs" in record:
             positions = record["top_logprobs"]
         else:

@@ -169,6 +169,14 @@ def test_errors_are_clear(tmp_path):
     (tmp_path / "t.jsonl").write_text('{"prompt": "x"}\n')
     with pytest.raises(EntropyError, match="needs response_ids"):
         read_sequences(tmp_path / "t.jsonl")
+    (tmp_path / "u.jsonl").write_text('{"prompt_ids": [1], "response_ids": [2]}\n\n[1, 2]\n')
+    with pytest.raises(EntropyError, match="u.jsonl:3: expected a JSON object, got list"):
+        read_sequences(tmp_path / "u.jsonl")
+    with pytest.raises(EntropyError, match="u.jsonl:3: expected a JSON object"):
+        read_top_logprobs(tmp_path / "u.jsonl")
+    assert len(read_sequences(tmp_path / "u.jsonl", limit=1)) == 1  # the limit stops before the bad line
+    with pytest.raises(EntropyError, match="cannot read"):
+        read_sequences(tmp_path / "missing.jsonl")
 
 
 def test_cli_needs_two_checkpoints_and_samples(checkpoints, tmp_path, capsys):
