@@ -105,7 +105,10 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 
 
 async def _forward(request: web.Request, path: str, payload: dict[str, Any], route: Route) -> web.StreamResponse:
-    """Send to the chosen engine; on a refused connection try the next one, on a lost adapter reload once."""
+    """Send to the chosen engine; on a refused connection try the next one, on a lost adapter reload once.
+
+    Any other failure of the engine is a JSON 502 and marks it down until its next good health check.
+    """
     pool = request.app[_POOL]
     body = json.dumps(payload).encode()
     tried: set[str] = set()
@@ -119,6 +122,9 @@ async def _forward(request: web.Request, path: str, payload: dict[str, Any], rou
                 pool.mark_down(engine, f"connection failed: {exc}")
                 tried.add(engine.url)
                 continue
+            except aiohttp.ClientError as exc:  # it had the request (disconnect, reset): resending could run it twice
+                pool.mark_down(engine, f"request failed: {type(exc).__name__}: {exc}")
+                return error_response(502, f"engine {engine.url} failed the request: {exc}", "bad_gateway")
         if outcome is not None:
             return outcome
         await pool.ensure_adapters(engine, reload=route.adapter)
@@ -139,8 +145,12 @@ async def _send(
                 status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **route_header}
             )
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except aiohttp.ClientError as exc:  # our headers are out: a cut connection is all the client can get
+                pool.mark_down(engine, f"stream broke: {type(exc).__name__}: {exc}")
+                raise ConnectionResetError(f"engine {engine.url} broke the stream: {exc}") from exc
             await response.write_eof()
             return response
         data = await upstream.read()

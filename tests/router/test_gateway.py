@@ -6,7 +6,9 @@ import asyncio
 import json
 import sys
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from aclarena_slime.cli import main as cli_main
 from aclarena_slime.testing.fake_sglang import FakeSGLang
@@ -110,6 +112,35 @@ async def test_all_engines_down_is_a_503_that_says_so(tiny_tokenizer, manifest):
             assert a.url in out["error"]["message"] and b.url in out["error"]["message"]
             async with http.get(f"{url}/health") as resp:
                 assert resp.status == 503 and (await resp.json())["healthy"] == 0
+
+
+class _Drops(FakeSGLang):
+    """Healthy to the health check; drops the connection of every generation request (a crash mid-request)."""
+
+    async def _generate(self, request):
+        if (await request.json()).get("stream"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b'data: {"text": "half"}\n\n')
+        request.transport.close()
+        return web.Response()
+
+
+async def test_an_engine_failing_mid_request_is_a_502_and_marked_down(tiny_tokenizer, manifest):
+    async with _Drops(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest, health_interval_s=3600) as (url, pool):
+        async with client() as http:
+            status, out = await post(http, f"{url}/generate", _generate_payload(), **{"X-Aclarena-Env": "math"})
+        assert status == 502 and out["error"]["type"] == "bad_gateway" and a.url in out["error"]["message"]
+        assert not pool.engines[0].healthy and "request failed" in pool.engines[0].reason
+        await pool.check_all()  # back up at the next good health check
+        assert pool.engines[0].healthy
+        async with client() as http:
+            with pytest.raises(aiohttp.ClientPayloadError):  # headers already sent: the stream is cut
+                async with http.post(
+                    f"{url}/generate", json={**_generate_payload(), "stream": True}, headers={"X-Aclarena-Env": "math"}
+                ) as resp:
+                    await resp.read()
+        assert not pool.engines[0].healthy and "stream broke" in pool.engines[0].reason
 
 
 async def test_adapter_that_fails_to_load_is_named_in_the_503(tiny_tokenizer, tmp_path):
