@@ -58,7 +58,7 @@ class ExpertResolver:
             expert = self.table.lookup(tag)
         except UnknownExpert as exc:
             raise RouteError(str(exc)) from exc
-        return Route(adapter=expert.adapter, tag=expert.tag, source=source if expert.tag == tag else "default")
+        return Route(adapter=expert.adapter, tag=expert.tag, source=source)
 
     def _untagged(self, text: Callable[[], str]) -> Route:
         if self.classifier is not None:

@@ -39,12 +39,13 @@ def test_unknown_or_missing_tag_lists_known_tags(resolver):
         resolver.for_generate({"input_ids": [1, 2]}, None)
 
 
-def test_default_expert_serves_untagged_and_unknown(tmp_path):
+def test_default_expert_serves_untagged_requests_only(tmp_path):
     table = ExpertTable.load(write_manifest(tmp_path, default="math"))
     resolver = ExpertResolver(table)
-    assert resolver.for_generate({"input_ids": [1]}, None).adapter == "math-expert"
-    route, _ = resolver.for_openai({"model": "x:chess"}, None)
-    assert route.adapter == "math-expert" and route.source == "default"
+    route = resolver.for_generate({"input_ids": [1]}, None)
+    assert (route.adapter, route.source) == ("math-expert", "default")
+    with pytest.raises(RouteError, match="environment tag 'chess'; known tags"):  # a misspelt tag is never served
+        resolver.for_openai({"model": "x:chess"}, None)
 
 
 def test_generate_lora_path_must_be_a_known_adapter(resolver):
