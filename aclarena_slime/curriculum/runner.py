@@ -2,8 +2,9 @@
 
 The stage runner and the evaluator are parameters (a test passes fakes); by default a stage runs through
 the same code as ``launch/stage.sh`` and evaluation runs the curriculum's ``evaluation.command``.
-A stage marked done in the manifest is never run again; a stage that was running when the process died
-is run again from its start.
+A stage marked done in the manifest is never run again (only its evaluation, when that did not finish);
+a stage that was running when the process died is run again from its start. A stage that the local
+backend runs gets the local profile, as ``launch/stage.sh`` gives it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 
 from aclarena_slime.curriculum.config import CurriculumConfig, StageEntry, load_curriculum, recipe_path
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
-from aclarena_slime.launcher.stage import StageResult, normalise_overrides
+from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
+from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
 from aclarena_slime.recipes.schema import StageRecipe
@@ -33,7 +35,6 @@ class CurriculumFailed(RuntimeError):
 
 
 def default_stage_runner(recipe: StageRecipe) -> StageResult:
-    from aclarena_slime.launcher.backend import choose_backend
     from aclarena_slime.launcher.stage import run_recipe
 
     choice = choose_backend(recipe.cluster.backend)
@@ -73,13 +74,18 @@ def lineage_overrides(source: dict[str, Any] | None) -> list[str]:
     if source is None:
         return []
     if source.get("checkpoint"):
-        return [f"checkpoint.load={source['checkpoint']}"]  # ref_load follows load unless a recipe says otherwise
+        out = [f"checkpoint.load={source['checkpoint']}"]  # ref_load follows load unless a recipe says otherwise
+        if source.get("hf_checkpoint"):  # SGLang serves the weights Megatron loads (LoRA syncs only the adapter)
+            out.append(f"model.hf_checkpoint={source['hf_checkpoint']}")
+        return out
     if source.get("adapter"):
         return [f"++cluster.local.base_adapter={source['adapter']}"]
     raise CurriculumFailed(f"stage {source['name']} left neither a checkpoint nor an adapter to start from")
 
 
 def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source: dict[str, Any] | None) -> StageRecipe:
+    """The recipe the stage runs; on the local backend with the local profile (else paper settings, services)."""
+    path = recipe_path(file, entry)
     overrides = [
         f"paths.runs={Path(config.output_dir) / 'runs'}",
         *normalise_overrides(list(config.overrides)),
@@ -87,7 +93,15 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         *normalise_overrides(list(entry.overrides)),
         f"name={entry.name}",
     ]
-    return load_recipe(recipe_path(file, entry), overrides)
+    recipe = load_recipe(path, overrides)
+    return local_profile(str(path), overrides, recipe) if recipe.kind == "rl" and _runs_local(recipe) else recipe
+
+
+def _runs_local(recipe: StageRecipe) -> bool:
+    try:
+        return choose_backend(recipe.cluster.backend).name == "local"
+    except BackendUnavailable:
+        return False  # backend=slime on a machine without it: the stage runner reports that
 
 
 def run_curriculum(
@@ -109,7 +123,12 @@ def run_curriculum(
     for entry in config.stages:
         source_name = previous if entry.start == "previous" else (None if entry.start == "recipe" else entry.start)
         if manifest.is_done(entry.name):
-            print(f"[curriculum] {entry.name}: done earlier, skipped", file=sys.stderr)
+            record = manifest.stage(entry.name) or {}
+            if record.get("eval") or record.get("eval_note"):
+                print(f"[curriculum] {entry.name}: done earlier, skipped", file=sys.stderr)
+            else:  # trained, but its evaluation failed or was interrupted
+                print(f"[curriculum] {entry.name}: done earlier; evaluating it again", file=sys.stderr)
+                _evaluate(manifest, evaluator, entry.name, out, bool(config.evaluation.command))
             previous = entry.name
             continue
         source = manifest.stage(source_name) if source_name else None
@@ -123,27 +142,40 @@ def run_curriculum(
         )  # fmt: skip
         result = runner(recipe)
         if result.status != 0:
-            manifest.update_stage(entry.name, status=FAILED, exit_status=result.status, backend=result.backend)
-            raise CurriculumFailed(f"stage {entry.name} failed with status {result.status}")
-        record = manifest.update_stage(
+            manifest.update_stage(
+                entry.name, status=FAILED, exit_status=result.status, backend=result.backend, message=result.message
+            )
+            raise CurriculumFailed(
+                f"stage {entry.name} failed with status {result.status}"
+                + (f": {result.message}" if result.message else "")
+            )
+        manifest.update_stage(
             entry.name, status=DONE, backend=result.backend, checkpoint=result.checkpoint,
-            adapter=result.adapter, metrics=_small(result.metrics), finished_at=time.time(),
+            hf_checkpoint=result.hf_checkpoint, adapter=result.adapter, metrics=_small(result.metrics),
+            finished_at=time.time(),
         )  # fmt: skip
         if entry.expert:
             if not result.adapter:
                 raise CurriculumFailed(f"stage {entry.name} is the {entry.expert!r} expert but produced no adapter")
-            base = {"name": source_name or "base", "path": (source or {}).get("checkpoint") or ""}
-            manifest.set_expert(entry.expert, _relative(result.adapter, out), entry.name, base)
-        experts = str(manifest.path.with_name(EXPERTS_NAME)) if manifest.data["experts"] else ""
-        summary = evaluator(entry.name, {**record, "experts": experts}, out / "eval" / entry.name)
-        note = None
-        if summary is None:
-            note = "the evaluation wrote no summary.json" if config.evaluation.command else "no evaluation.command"
-        manifest.update_stage(
-            entry.name, eval={"summary": _relative(str(summary), out)} if summary else None, eval_note=note
-        )
+            # The weights the expert was trained on, as SGLang loads them: the HF export when there is one.
+            base_path = (source or {}).get("hf_checkpoint") or (source or {}).get("checkpoint") or ""
+            manifest.set_expert(entry.expert, _relative(result.adapter, out), entry.name, {
+                "name": source_name or "base", "path": base_path,
+            })  # fmt: skip
+        _evaluate(manifest, evaluator, entry.name, out, bool(config.evaluation.command))
         previous = entry.name
     return manifest
+
+
+def _evaluate(manifest: Manifest, evaluator: Evaluator, stage: str, out: Path, has_command: bool) -> None:
+    """Evaluate a finished stage and record the summary (or why there is none) in the manifest."""
+    record = manifest.stage(stage) or {}
+    experts = str(manifest.path.with_name(EXPERTS_NAME)) if manifest.data["experts"] else ""
+    summary = evaluator(stage, {**record, "experts": experts}, out / "eval" / stage)
+    note = None
+    if summary is None:
+        note = "the evaluation wrote no summary.json" if has_command else "no evaluation.command"
+    manifest.update_stage(stage, eval={"summary": _relative(str(summary), out)} if summary else None, eval_note=note)
 
 
 def _relative(path: str, root: Path) -> str:

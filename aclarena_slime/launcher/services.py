@@ -67,16 +67,31 @@ def start_service(name: str, service: Any, log_dir: Path, poll_s: float = 1.0) -
         except OSError as exc:
             raise ServiceError(f"service {name}: cannot start {argv[0]}: {exc}") from exc
     running = RunningService(name, service.url, process, log_path)
-    deadline = time.monotonic() + service.ready_timeout_s
+    try:
+        _wait_ready(running, process, ready_url, service.ready_timeout_s, poll_s)
+    except BaseException:  # not ready, or Ctrl-C / an error while waiting: never leave it running
+        stop_service(running)
+        raise
+    print(f"[services] {name}: ready at {service.url}")
+    return running
+
+
+def _wait_ready(
+    running: RunningService, process: subprocess.Popen, ready_url: str, timeout_s: float, poll_s: float
+) -> None:
+    """Poll ``ready_url`` until it answers; raise :class:`ServiceError` if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ServiceError(f"service {name} exited with status {process.returncode}; see {log_path}")
+            raise ServiceError(
+                f"service {running.name} exited with status {process.returncode}; see {running.log_path}"
+            )
         if is_ready(ready_url):
-            print(f"[services] {name}: ready at {service.url}")
-            return running
+            return
         time.sleep(poll_s)
-    stop_service(running)
-    raise ServiceError(f"service {name} not ready at {ready_url} after {service.ready_timeout_s:.0f}s; see {log_path}")
+    raise ServiceError(
+        f"service {running.name} not ready at {ready_url} after {timeout_s:.0f}s; see {running.log_path}"
+    )
 
 
 def stop_service(running: RunningService, grace_s: float = 10.0) -> None:

@@ -30,6 +30,8 @@ class StageResult:
     checkpoint: str | None = None
     adapter: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    hf_checkpoint: str | None = None  # HF export of the weights (checkpoint.save_hf): what later stages serve
+    message: str | None = None  # why a finished job still failed the stage
 
 
 def normalise_overrides(overrides: list[str]) -> list[str]:
@@ -104,8 +106,27 @@ def _run_slime(recipe: StageRecipe) -> StageResult:
     finally:
         if started_head:
             ray_job.stop_head()
-    adapter = f"{recipe.checkpoint.save}/adapter" if recipe.lora.enabled else None
-    return StageResult(status, "slime", checkpoint=recipe.checkpoint.save, adapter=adapter)
+    result = StageResult(status, "slime", checkpoint=recipe.checkpoint.save, hf_checkpoint=recipe.checkpoint.save_hf)
+    lora = command.custom_config.get("aclarena_lora")
+    if lora is not None:
+        _check_adapter(result, lora)
+    return result
+
+
+def _check_adapter(result: StageResult, lora: dict[str, Any]) -> None:
+    """A LoRA stage's output is the PEFT folder its disk sync rewrites after every step; fail without it.
+
+    The updater runs on the trainer's rank 0, which may be another node: sync_dir must be shared.
+    """
+    adapter = f"{lora['sync_dir']}/{lora['adapter_name']}"
+    if Path(adapter, "adapter_config.json").is_file():
+        result.adapter = adapter
+    elif result.status == 0:
+        result.status = 1
+        result.message = (
+            f"the job finished but left no adapter at {adapter} (sync_mode {lora['sync_mode']!r}: only 'disk' "
+            "writes it, after every step; on several nodes lora.sync_dir must be a filesystem this node shares)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,10 +167,14 @@ def main(argv: list[str] | None = None) -> int:
 def finished_text(result: StageResult) -> str:
     """One closing line: where the outputs are and, on the local backend, the reward before and after."""
     parts = [f"[stage] {result.backend} stage finished with status {result.status}"]
+    if result.message:
+        parts.append(result.message)
     if result.adapter:
         parts.append(f"adapter (PEFT): {result.adapter}")
     if result.checkpoint:
         parts.append(f"checkpoint: {result.checkpoint}")
+    if result.hf_checkpoint:
+        parts.append(f"HF export: {result.hf_checkpoint}")
     before, after = (result.metrics.get(k, {}).get("mean_reward") for k in ("eval_before", "eval_after"))
     if before is not None and after is not None:
         parts.append(f"eval mean reward {before:.3f} -> {after:.3f}")

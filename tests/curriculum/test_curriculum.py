@@ -20,11 +20,13 @@ class FakeRunner:
 
     def __init__(self, crash_on: str | None = None, adapters: bool = False) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.recipes: list = []
         self.crash_on = crash_on
         self.adapters = adapters
 
     def __call__(self, recipe) -> StageResult:
         self.calls.append((recipe.name, recipe.checkpoint.load))
+        self.recipes.append(recipe)
         if recipe.name == self.crash_on:
             raise KeyboardInterrupt("simulated crash")  # not an Exception: the process dies mid-stage
         save = Path(recipe.checkpoint.save)
@@ -34,8 +36,13 @@ class FakeRunner:
         if recipe.lora.enabled:
             adapter = str(save / "adapter")
             Path(adapter).mkdir()
+        hf = recipe.checkpoint.save_hf
+        if hf:
+            Path(hf).mkdir(parents=True)
         assert recipe.checkpoint.ref_load == recipe.checkpoint.load
-        return StageResult(0, "fake", checkpoint=str(save), adapter=adapter, metrics={"reward": 0.5, "curve": [1, 2]})
+        return StageResult(
+            0, "fake", checkpoint=str(save), adapter=adapter, metrics={"reward": 0.5, "curve": [1, 2]}, hf_checkpoint=hf
+        )
 
 
 def write_curriculum(tmp_path: Path, name: str, stages: list[str], evaluation: list[str] | None = None) -> Path:
@@ -114,7 +121,11 @@ def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Pat
     run_curriculum(write_curriculum(tmp_path, "mle", stages), runner=runner, evaluator=lambda *_: None)
     backbone = str(tmp_path / "out" / "runs" / "backbone" / "checkpoint")
     assert [load for _, load in runner.calls[1:]] == [backbone, backbone]
+    # SGLang serves the backbone's HF export, the weights the experts train on (not Qwen3-8B-Base)
+    export = str(tmp_path / "out" / "runs" / "backbone" / "hf")
+    assert [r.model.hf_checkpoint for r in runner.recipes[1:]] == [export, export]
     experts = json.loads((tmp_path / "out" / "experts.json").read_text())
+    assert experts["base"] == {"name": "backbone", "path": export}
     assert experts["experts"]["math"] == {
         "adapter": "math",
         "path": "runs/e_math/checkpoint/adapter",
@@ -145,6 +156,46 @@ def test_evaluation_step_runs_after_every_stage_and_feeds_the_matrix(tmp_path: P
         {"summary": "eval/s2/summary.json"},
     ]
     assert json.loads((tmp_path / "out" / "eval" / "s2" / "summary.json").read_text()) == {"stage": "s2"}
+
+
+def test_resume_reruns_an_evaluation_that_failed(tmp_path: Path):
+    """A stage is done before its evaluation; a failed evaluation must not be skipped forever on resume."""
+    path = write_curriculum(tmp_path, "seq", SEQUENTIAL[:2])
+    evaluated: list[str] = []
+
+    def failing_on_s1(stage, entry, out):
+        evaluated.append(stage)
+        if stage == "s1":
+            raise CurriculumFailed("evaluation of s1 failed")
+
+    with pytest.raises(CurriculumFailed, match="evaluation of s1"):
+        run_curriculum(path, runner=FakeRunner(), evaluator=failing_on_s1)
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert data["stages"][0]["status"] == DONE and "eval_note" not in data["stages"][0]
+
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda stage, *_: evaluated.append(stage))
+    assert [name for name, _ in runner.calls] == ["s2"]  # s1 is not trained again, only evaluated
+    assert evaluated == ["s1", "s1", "s2"]
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert [s["eval_note"] for s in data["stages"]] == ["no evaluation.command"] * 2
+    run_curriculum(path, runner=FakeRunner(), evaluator=lambda stage, *_: evaluated.append(stage))
+    assert evaluated == ["s1", "s1", "s2"]  # evaluated stages are not evaluated again
+
+
+def test_a_stage_on_the_local_backend_gets_the_local_profile(tmp_path: Path):
+    """As with launch/stage.sh: not the paper's cluster settings (and services) on a CPU machine."""
+    path = write_curriculum(tmp_path, "seq", [f"{{name: s2, recipe: {RECIPES}/stage2_search.yaml, start: recipe}}"])
+    config = path.read_text().replace(
+        f"overrides: ['paths.root={tmp_path}']", f"overrides: ['paths.root={tmp_path}', backend=local]"
+    )
+    path.write_text(config)
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    (recipe,) = runner.recipes
+    assert recipe.cluster.name == "local" and recipe.cluster.local["steps"] == 2
+    assert recipe.cluster.local["env_config"]["search"] == {"retriever_url": None}  # no retriever to start
+    assert recipe.run_dir == str(tmp_path / "out" / "runs" / "s2")
 
 
 def test_a_broken_later_stage_fails_before_anything_runs(tmp_path: Path):

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.local_stage import local_config
@@ -127,3 +128,82 @@ def test_local_settings_on_the_command_line_select_the_local_profile():
         "cluster=local", "cluster.local.steps=4", "cluster.backend=local"
     ]  # fmt: skip
     assert normalise_overrides(["cluster=single_8", "cluster.local.steps=4"])[0] == "cluster=single_8"
+
+
+def test_interrupt_while_waiting_for_readiness_stops_the_service(tmp_path: Path, monkeypatch):
+    from aclarena_slime.launcher import services
+
+    service = SimpleNamespace(
+        command=[sys.executable, "-c", "import time; time.sleep(120)"],
+        host="127.0.0.1", port=_free_port(), ready_path="/health", ready_timeout_s=60.0, url="http://127.0.0.1:1",
+    )  # fmt: skip
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    answers = iter([False])  # the "already running?" probe says no; the first readiness poll is interrupted
+
+    def ready(url, timeout_s=2.0):
+        answer = next(answers, None)
+        if answer is None:
+            raise KeyboardInterrupt
+        return answer
+
+    monkeypatch.setattr(services.subprocess, "Popen", popen)
+    monkeypatch.setattr(services, "is_ready", ready)
+    with pytest.raises(KeyboardInterrupt):
+        services.start_service("retriever", service, tmp_path, poll_s=0.01)
+    assert len(started) == 1 and started[0].poll() is not None  # stopped, not leaked
+
+
+def _fake_slime_job(monkeypatch, write_adapter: bool) -> list[list[str]]:
+    """ray_job as on a cluster: the job 'runs' and, like the LoRA updater with disk sync, may write the adapter."""
+    from aclarena_slime.launcher import ray_job
+    from aclarena_slime.lora.export import write_peft_dir
+
+    submitted: list[list[str]] = []
+
+    def submit(argv):
+        submitted.append(list(argv))
+        custom = Path(argv[argv.index("--custom-config-path") + 1])
+        lora = yaml.safe_load(custom.read_text())["aclarena_lora"]
+        if write_adapter:
+            write_peft_dir(Path(lora["sync_dir"]) / lora["adapter_name"], {}, {"peft_type": "LORA"})
+        return 0
+
+    monkeypatch.setattr(ray_job, "ensure_head", lambda ray, gpus: False)
+    monkeypatch.setattr(ray_job, "submit", submit)
+    return submitted
+
+
+@pytest.mark.parametrize("write_adapter", [True, False])
+def test_slime_lora_stage_reports_the_synced_adapter_or_fails(tmp_path: Path, monkeypatch, write_adapter: bool):
+    from aclarena_slime.launcher.backend import BackendChoice
+    from aclarena_slime.launcher.stage import finished_text, run_recipe
+
+    submitted = _fake_slime_job(monkeypatch, write_adapter)
+    recipe = load_recipe(REPO / "recipes/mle_math.yaml", [f"paths.root={tmp_path}"])
+    result = run_recipe(recipe, BackendChoice("slime", "test"))
+    assert len(submitted) == 1
+    expected = f"{recipe.checkpoint.save}/adapters/math"  # <sync_dir>/<adapter_name>, written after every step
+    if write_adapter:
+        assert (result.status, result.adapter, result.message) == (0, expected, None)
+    else:
+        assert result.status == 1 and result.adapter is None
+        assert f"no adapter at {expected}" in finished_text(result)
+    assert result.hf_checkpoint is None  # only the SDFT backbone exports HF weights
+
+
+def test_slime_full_stage_reports_its_hf_export(tmp_path: Path, monkeypatch):
+    from aclarena_slime.launcher.backend import BackendChoice
+    from aclarena_slime.launcher.stage import run_recipe
+
+    monkeypatch.setattr("aclarena_slime.launcher.ray_job.ensure_head", lambda ray, gpus: False)
+    monkeypatch.setattr("aclarena_slime.launcher.ray_job.submit", lambda argv: 0)
+    recipe = load_recipe(REPO / "recipes/sdft_backbone.yaml", [f"paths.root={tmp_path}"])
+    result = run_recipe(recipe, BackendChoice("slime", "test"))
+    assert (result.status, result.adapter) == (0, None)
+    assert result.hf_checkpoint == str(tmp_path / "runs" / "sdft_backbone" / "hf")
