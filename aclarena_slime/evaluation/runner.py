@@ -27,6 +27,7 @@ from aclarena_slime.evaluation.records import read_tasks
 from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError
 from aclarena_slime.evaluation.summary import build_summary, latest_by_key, summarize_dataset
 from aclarena_slime.experts import ExpertTable, UnknownExpert
+from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.registry import load_factory
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
 
@@ -240,11 +241,3 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue  # a line cut short by a crash: that sample is simply redone
     return lines
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
