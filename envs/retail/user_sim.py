@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from aclarena_slime.contract import EpisodeAborted
+from aclarena_slime.http_client import close_session
 from aclarena_slime.strict_config import from_mapping
 
 #: The end markers and the episode end reason each one gives.
@@ -209,7 +210,7 @@ class LLMUser(UserSimulator):
             self._http = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
             self._loop = loop
             if old is not None:  # replaced before awaiting, so concurrent calls share the new one
-                await _close_session(old, old_loop)
+                await close_session(old, old_loop)
         return self._http
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
@@ -257,19 +258,8 @@ class LLMUser(UserSimulator):
 
     async def aclose(self) -> None:
         if self._http is not None:
-            await _close_session(self._http, self._loop)
+            await close_session(self._http, self._loop)
         self._http = self._loop = None
-
-
-async def _close_session(session: aiohttp.ClientSession, loop: asyncio.AbstractEventLoop | None) -> None:
-    """Close an aiohttp session made on ``loop``: on that loop while it lives (a session is bound to
-    its loop and not thread-safe), else here (aiohttp then only marks it closed)."""
-    if session.closed:
-        return
-    if loop is None or loop.is_closed() or loop is asyncio.get_running_loop():
-        await session.close()
-    else:
-        asyncio.run_coroutine_threadsafe(session.close(), loop)
 
 
 class _LLMSession(UserSession):

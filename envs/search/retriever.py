@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from aclarena_slime.http_client import close_session
+
 log = logging.getLogger(__name__)
 
 Document = Mapping[str, Any]
@@ -281,7 +283,7 @@ class RemoteRetriever:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
             self._session_loop = loop
             if old is not None:  # replaced before awaiting, so concurrent calls share the new one
-                await _close_session(old, old_loop)
+                await close_session(old, old_loop)
         payload = {"queries": list(queries), "topk": topk, "return_scores": True}
         try:
             async with self._session.post(self.url, json=payload) as resp:
@@ -294,19 +296,8 @@ class RemoteRetriever:
 
     async def aclose(self) -> None:
         if self._session is not None:
-            await _close_session(self._session, self._session_loop)
+            await close_session(self._session, self._session_loop)
         self._session = self._session_loop = None
-
-
-async def _close_session(session: Any, loop: asyncio.AbstractEventLoop | None) -> None:
-    """Close an aiohttp session made on ``loop``: on that loop while it lives (a session is bound to
-    its loop and not thread-safe), else here (aiohttp then only marks it closed)."""
-    if session.closed:
-        return
-    if loop is None or loop.is_closed() or loop is asyncio.get_running_loop():
-        await session.close()
-    else:
-        asyncio.run_coroutine_threadsafe(session.close(), loop)
 
 
 def _parse_result(body: Any, n_queries: int, url: str) -> list[list[Hit]]:
