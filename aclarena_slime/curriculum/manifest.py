@@ -9,10 +9,11 @@ expert manifest of DESIGN.md) is written beside it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from aclarena_slime.jsonl import write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
 EXPERTS_NAME = "experts.json"
@@ -70,13 +71,3 @@ class Manifest:
 
     def save(self) -> None:
         write_json_atomic(self.path, self.data)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=False)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
