@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import aiohttp
 import pytest
@@ -20,6 +18,7 @@ from aclarena_envs.retail.user_sim import (
 )
 from aclarena_slime.contract import EpisodeAborted
 from aclarena_slime.http_service import serving
+from aclarena_slime.testing.loops import background_loop, closed_soon
 
 
 class FakeChatServer:
@@ -173,21 +172,11 @@ def test_a_new_event_loop_closes_the_session_made_on_the_old_one():
             await sim.session("s").reply("hi")
         return sim._http
 
-    background = asyncio.new_event_loop()
-    thread = threading.Thread(target=background.run_forever, daemon=True)
-    thread.start()
-    try:
+    with background_loop() as background:
         on_thread = asyncio.run_coroutine_threadsafe(call(), background).result(10)  # a loop that keeps running
         first = asyncio.run(call())
-        deadline = time.monotonic() + 5  # closing on the other thread's loop is asynchronous
-        while not on_thread.closed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert on_thread.closed and not first.closed
+        assert closed_soon(on_thread) and not first.closed
         second = asyncio.run(call())  # the first loop is closed by now
         assert first.closed and not second.closed
         asyncio.run(sim.aclose())  # from yet another loop
         assert second.closed
-    finally:
-        background.call_soon_threadsafe(background.stop)
-        thread.join(10)
-        background.close()

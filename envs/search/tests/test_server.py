@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import aiohttp
 import pytest
@@ -15,6 +13,7 @@ from aclarena_envs.search.retriever import BM25Retriever, RemoteRetriever, Retri
 from aclarena_envs.search.server import make_app
 from aclarena_slime.contract import EpisodeAborted, Observation, Task
 from aclarena_slime.http_service import serving
+from aclarena_slime.testing.loops import background_loop, closed_soon
 
 DEMO = generate(60, seed=2)
 RETRIEVER = BM25Retriever.from_documents(DEMO.passages)
@@ -117,26 +116,11 @@ def test_a_new_event_loop_closes_the_session_made_on_the_old_one():
             await remote.retrieve(["q"], 1)
         return remote._session
 
-    background = asyncio.new_event_loop()
-    thread = threading.Thread(target=background.run_forever, daemon=True)
-    thread.start()
-    try:
+    with background_loop() as background:
         on_thread = asyncio.run_coroutine_threadsafe(call(), background).result(10)  # a loop that keeps running
         first = asyncio.run(call())
-        assert _closed_soon(on_thread) and not first.closed
+        assert closed_soon(on_thread) and not first.closed
         second = asyncio.run(call())  # the first loop is closed by now
         assert first.closed and not second.closed
         asyncio.run(remote.aclose())  # from yet another loop
         assert second.closed
-    finally:
-        background.call_soon_threadsafe(background.stop)
-        thread.join(10)
-        background.close()
-
-
-def _closed_soon(session: aiohttp.ClientSession) -> bool:
-    """Closing on another thread's loop is asynchronous: wait a little for it."""
-    deadline = time.monotonic() + 5
-    while not session.closed and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return session.closed
