@@ -142,7 +142,11 @@ async def test_rollout_renders_results_as_tool_messages(tmp_path, tiny_checkpoin
     config = {**TOOL, "reward": "shaped", "corpus": str(corpus)}
     async with FakeSGLang(tiny_tokenizer, turns) as engine:
         args = make_args(
-            tiny_checkpoint, engine.host, engine.port, rollout_max_response_len=2048, aclarena_env_config={"search": config}
+            tiny_checkpoint,
+            engine.host,
+            engine.port,
+            rollout_max_response_len=2048,
+            aclarena_env_config={"search": config},
         )
         sample = FakeSample(prompt=QUESTION.question, label={"target": [GOLD]}, metadata={"env": "search"})
         out = await rollout_generate(args, sample, {"temperature": 1.0, "max_new_tokens": 512})
