@@ -12,8 +12,9 @@ Facts from WillDreamer/ACLArena ``slime/examples/search-r1/generate_with_search_
 - a turn with neither a search call nor an answer ends the episode (lines 865-874);
 - the user prompt is Search-R1's with the tag instruction replaced by the tool instruction (142-154, 173-194).
 
-Only the first complete ``<tool_call>`` block of a turn counts, as in their parser (lines 283-293).
-Parsing is linear in the turn's length (``str.find``, no backtracking regex).
+Only the first complete ``<tool_call>`` block of a turn counts, as in their parser (lines 283-293); a
+search call written as bare JSON counts too (lines 296-311). Parsing is linear in the turn's length
+(``str.find`` and one pass over the braces, no backtracking regex).
 """
 
 from __future__ import annotations
@@ -101,13 +102,30 @@ def _search_query(body: str) -> str | None:
     return query.strip() if isinstance(query, str) else None
 
 
+def _bare_search_query(text: str) -> str | None:
+    """The authors' fallback: a search call written as bare JSON, without the tags (qa_em_format_qwen_sft.py:43-70).
+
+    Their pattern is an object with exactly one brace-free inner object (``{... "arguments": {...} ...}``).
+    Such objects are runs of four consecutive braces ``{ { } }`` among the turn's braces, found in one pass;
+    the leftmost that reads as a search call wins.
+    """
+    braces = [(i, c) for i, c in enumerate(text) if c in "{}"]
+    for k in range(len(braces) - 3):
+        if "".join(c for _, c in braces[k : k + 4]) == "{{}}":
+            query = _search_query(text[braces[k][0] : braces[k + 3][0] + 1])
+            if query is not None:
+                return query
+    return None
+
+
 def parse_tool_action(text: str) -> ToolAction:
-    """The turn's action: a search call first, then an answer, as the authors' parser orders them."""
+    """The turn's action, in the authors' order: a tagged search call, a bare one, then an answer."""
     body = _between(text, CALL_OPEN, CALL_CLOSE)
-    if body is not None:
-        query = _search_query(body.strip())
-        if query is not None:
-            return ToolAction("search", query)
+    query = _search_query(body.strip()) if body is not None else None
+    if query is None:
+        query = _bare_search_query(text)
+    if query is not None:
+        return ToolAction("search", query)
     answer = _between(text, ANSWER_OPEN, ANSWER_CLOSE)
     if answer is not None:
         return ToolAction("answer", answer.strip())

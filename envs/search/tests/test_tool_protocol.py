@@ -36,6 +36,11 @@ def call(query: str) -> str:
         ('<tool_call>{"name": "lookup", "arguments": {"query": "q"}}</tool_call>', None, ""),
         ("<tool_call>{not json</tool_call><answer>B</answer>", "answer", "B"),
         ("<tool_call>" * 5000 + "no close", None, ""),
+        ('I will search {"name": "search", "arguments": {"query": "bare"}} now', "search", "bare"),
+        ('{"arguments": {"query": "first"}, "name": "search"}', "search", "first"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "q"}} junk</tool_call>', "search", "q"),
+        ('{"name": "lookup", "arguments": {"query": "q"}} <answer> A </answer>', "answer", "A"),
+        ("{{}}" * 20000 + "{" * 50000, None, ""),
         ("plain text", None, ""),
     ],
 )
@@ -113,6 +118,12 @@ async def test_episode_scores_as_the_authors(tmp_path):
     assert isinstance(await episode.step(f"<answer> {GOLD} </answer>"), Done)
     score = await episode.score()
     assert score.reward == 1.0 and score.breakdown["tool_calls"] == 1 and score.breakdown["well_formed"]
+
+    episode = await env.start(task)  # a bare JSON call runs, but breaks the tag order: 0.7, not 1.0
+    await episode.step(call(QUESTION.question).removeprefix("<tool_call>").removesuffix("</tool_call>"))
+    await episode.step(f"<answer> {GOLD} </answer>")
+    score = await episode.score()
+    assert score.breakdown["tool_calls"] == 1 and not score.breakdown["well_formed"] and score.reward == 0.7
 
     episode = await env.start(task)  # a turn with no action ends the episode: truncated, no search
     assert await episode.step("I think it is Paris.") == Done("no_action")
