@@ -177,3 +177,29 @@ async def test_rollout_renders_results_as_tool_messages(tmp_path, tiny_checkpoin
     assert tiny_tokenizer.decode(response_ids[a:b]) == turns[0]
     assert out.rollout_log_probs[c:d] == [0.0] * (d - c)
     assert out.metadata["aclarena"]["score"]["breakdown"]["tool_calls"] == 1
+
+
+@pytest.mark.slime
+async def test_real_slime_generate_and_rm_then_the_no_tool_filter(tmp_path, tiny_checkpoint, tiny_tokenizer):
+    """slime's own generate_and_rm drives the tool protocol; slime's filter call masks the no-tool sample."""
+    from slime.rollout.filter_hub.base_types import call_dynamic_filter
+    from slime.rollout.sglang_rollout import generate_and_rm
+    from slime.utils.types import Sample
+
+    from aclarena_slime.group_rewards import drop_no_tool
+    from aclarena_slime.testing.samples import make_slime_args
+
+    corpus = write_jsonl(DEMO.passages, tmp_path / "corpus.jsonl")
+    config = {"search": {**TOOL, "reward": "shaped", "corpus": str(corpus)}}
+    plays = [[call(QUESTION.question), f"<answer> {GOLD} </answer>"], [f"<answer> {GOLD} </answer>"]]
+    group = []
+    for replies in plays:
+        async with FakeSGLang(tiny_tokenizer, replies) as engine:
+            args = make_slime_args(tiny_checkpoint, engine.host, engine.port, aclarena_env_config=config)
+            args.rollout_max_response_len = 2048
+            sample = Sample(prompt=QUESTION.question, label={"target": [GOLD]}, metadata={"env": "search"})
+            params = {"temperature": 1.0, "max_new_tokens": 512, "no_stop_trim": True}
+            group.append(await generate_and_rm(args, sample, params))
+    assert [s.reward for s in group] == [1.0, 0.5]  # searched vs answered directly (well formed both)
+    output = call_dynamic_filter(drop_no_tool, args, group)
+    assert output.keep and 1 in group[0].loss_mask and set(group[1].loss_mask) == {0}
