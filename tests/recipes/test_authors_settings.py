@@ -48,3 +48,13 @@ def test_retail_recipes_use_the_shaping_the_variance_filter_and_the_glm_user(tmp
         sim = [str(part) for part in command.services["user_sim"].command]
         assert sim[sim.index("--model-path") + 1].endswith("GLM-4.7-Flash")
         assert sim[sim.index("--served-model-name") + 1] == "user_sim"
+
+
+def test_retail_engines_leave_room_for_training_on_the_shared_node(tmp_path: Path):
+    """The policy's engine and the user simulator share the head node's GPUs: their static memory
+    fractions add up, and the authors keep the sum at or below 0.85 (run_qwen3_8B_lora.sh:356-369)."""
+    for name in ("stage3_retail", "mle_retail", "oracle_retail"):
+        command = compiled(name, tmp_path)
+        actor = float(flag_value(command.train_args, "--sglang-mem-fraction-static")[0])
+        sim = [str(part) for part in command.services["user_sim"].command]
+        assert actor + float(sim[sim.index("--mem-fraction-static") + 1]) <= 0.85
