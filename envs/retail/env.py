@@ -8,7 +8,8 @@ customer (answered by the customer's reply as a ``user`` message). The customer 
 ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``; a failing simulator aborts it.
 
 Reward range {0.0, 1.0}: the final database equals the one the gold actions produce (and, where the
-task's basis asks, the required information was said). See :mod:`.reward`.
+task's basis asks, the required information was said). See :mod:`.reward`. With ``shaping`` set, the
+ACLArena authors' values for malformed, truncated and aborted episodes apply (:mod:`.shaping`).
 
 Config (recipe ``aclarena_env_config.retail``)::
 
