@@ -139,3 +139,21 @@ async def test_shaped_group_through_the_rollout_and_the_task_variance_filter(
 
 def _keep(output) -> bool:
     return output if isinstance(output, bool) else output.keep
+
+
+@pytest.mark.slow
+async def test_gold_play_keeps_reward_one_under_shaping_on_real_data(real_data):
+    """The authors' format rule accepts every gold turn: shaping changes no reward of τ³'s 114 gold plays."""
+    import json
+
+    from aclarena_envs.retail.data import RetailData
+    from aclarena_envs.retail.gold import play_gold
+    from aclarena_envs.retail.user_sim import ScriptedUser
+
+    data = RetailData.load(real_data)
+    user = ScriptedUser(["Hello, I need help with an order."])
+    env = RetailEnvironment({"shaping": {}}, user_simulator=user, data=data)
+    tasks = json.loads((real_data / "tasks.json").read_text())
+    results = [(await play_gold(env, t)).score for t in tasks]
+    assert len(results) == 114
+    assert all(s.reward == 1.0 and s.breakdown["format_bad_turns"] == 0 for s in results)
