@@ -148,3 +148,14 @@ def test_serve_retriever_command_serves_the_e5_index(tiny_bert, tmp_path):
     encoder = E5Encoder(tiny_bert)
     expected = encoder([p["contents"] for p in DEMO.passages], False) @ encoder([query], True)[0]
     assert [doc["id"] for doc in row] == [str(DEMO.passages[i]["id"]) for i in np.argsort(-expected)[:2]]
+
+
+def test_an_index_built_by_another_encoder_is_refused(tiny_bert, tmp_path):
+    faiss = pytest.importorskip("faiss", reason="faiss-cpu is the optional 'dense' extra")
+    corpus = write_jsonl(DEMO.passages, tmp_path / "corpus.jsonl")
+    other = faiss.IndexFlatIP(16)  # 16-dimensional vectors; the tiny E5 makes 32
+    other.add(np.zeros((40, 16), dtype=np.float32))
+    faiss.write_index(other, str(tmp_path / "other.index"))
+    config = {"corpus": str(corpus), "e5_model": tiny_bert, "dense_index": str(tmp_path / "other.index")}
+    with pytest.raises(ValueError, match="16-dimensional.*32"):
+        build_retriever(SearchConfig.from_mapping(config))
