@@ -72,10 +72,12 @@ def normalized_rewards(args: Any, samples: Sequence[Any], raw: Sequence[float]) 
 
 @dataclass(frozen=True)
 class FilterSettings:
-    """The group filters' settings; defaults are the ACLArena authors'."""
+    """The group filters' settings; defaults are the ACLArena authors'.
 
-    # no_tool_loss_mask_filter.py:21 (slime/examples/search-r1/): mask the no-tool samples of a group
-    # only where strictly more than this fraction of it never called a tool.
+    ``max_no_tool_fraction``: mask a group's no-tool samples only where strictly more than this fraction
+    of it never called a tool (``slime/examples/search-r1/no_tool_loss_mask_filter.py:21``, 0.3).
+    """
+
     max_no_tool_fraction: float = 0.3
 
     def __post_init__(self) -> None:
