@@ -1,4 +1,4 @@
-"""Group-normalized rewards (the GRPO baseline) over the samples that are kept for training.
+"""Group-normalized rewards (the GRPO baseline) over the samples kept for training, and group filters.
 
 slime's own ``_post_process_rewards`` (``slime/ray/rollout.py``) subtracts each group's mean reward
 (and divides by its std for GRPO-style estimators) over every sample of the group. A sample that is
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from aclarena_slime.strict_config import from_mapping
 
 NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # slime's group-norm set
 STD_ESTIMATORS = ("grpo", "gspo", "cispo")  # slime also divides by the group's std for these
@@ -57,3 +60,115 @@ def normalized_rewards(args: Any, samples: Sequence[Any], raw: Sequence[float]) 
         for i in kept:
             out[i] = (raw[i] - mean) / (std + 1e-6) if use_std else raw[i] - mean
     return out
+
+
+# --------------------------------------------------------------------------- group filters
+# slime's ``--dynamic-sampling-filter-path``: ``fn(args, samples, **kw)`` on one prompt's group, before the
+# group enters the batch. They read the env's score breakdown that ``generate`` records in each sample's
+# metadata, under keys any env may report: ``tool_calls`` (tool calls the env ran for the model) and
+# ``task_reward`` (the task outcome before any shaping). Settings come from ``args.aclarena_filters``
+# (``--custom-config-path``; a recipe's ``custom.aclarena_filters``), checked by :class:`FilterSettings`.
+
+
+@dataclass(frozen=True)
+class FilterSettings:
+    """The group filters' settings; defaults are the ACLArena authors'.
+
+    ``max_no_tool_fraction``: mask a group's no-tool samples only where strictly more than this fraction
+    of it never called a tool (``slime/examples/search-r1/no_tool_loss_mask_filter.py:21``, 0.3).
+    """
+
+    max_no_tool_fraction: float = 0.3
+
+    def __post_init__(self) -> None:
+        value = self.max_no_tool_fraction
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"aclarena_filters.max_no_tool_fraction must be a number in [0, 1], got {value!r}")
+
+
+def filter_settings(args: Any) -> FilterSettings:
+    return from_mapping(FilterSettings, getattr(args, "aclarena_filters", None) or {}, "aclarena_filters keys")
+
+
+def score_breakdown(sample: Any) -> Mapping[str, Any] | None:
+    """The breakdown ``generate`` recorded for the sample's score; None when it was never scored."""
+    from aclarena_slime.rollout import RECORD_KEY  # the rollout module imports this one
+
+    metadata = sample.metadata if isinstance(sample.metadata, Mapping) else {}
+    score = (metadata.get(RECORD_KEY) or {}).get("score") or {}
+    breakdown = score.get("breakdown")
+    return breakdown if isinstance(breakdown, Mapping) else None
+
+
+def no_tool_mask(tool_calls: Sequence[int | None], max_no_tool_fraction: float) -> tuple[bool, list[bool]]:
+    """The authors' no-tool rule for one group: ``(keep the group, mask this sample's loss)`` per sample.
+
+    ``None`` marks a sample that is not trained on anyway (removed): it counts as neither. Where more
+    than ``max_no_tool_fraction`` of the group made no tool call, those samples' losses are masked (their
+    rewards still count in the group baseline); a group where none made one is dropped
+    (no_tool_loss_mask_filter.py:36-51).
+    """
+    counted = [calls for calls in tool_calls if calls is not None]
+    no_tool = [calls is not None and calls == 0 for calls in tool_calls]
+    if not counted or sum(no_tool) / len(counted) <= max_no_tool_fraction:
+        return True, [False] * len(tool_calls)
+    if all(calls == 0 for calls in counted):
+        return False, no_tool
+    return True, no_tool
+
+
+def drop_no_tool(args: Any, samples: list[Any], **_: Any) -> Any:
+    """slime ``--dynamic-sampling-filter-path``: the authors' filter of samples that never called a tool.
+
+    Masks the loss of a group's no-tool samples where they are more than ``max_no_tool_fraction`` of it,
+    and drops a group where no sample called a tool. The env must report ``tool_calls`` in its breakdown.
+    """
+    counts: list[int | None] = []
+    for sample in samples:
+        breakdown = score_breakdown(sample)
+        if sample.remove_sample:
+            counts.append(None)
+        elif breakdown is None or not isinstance(breakdown.get("tool_calls"), int):
+            raise ValueError(
+                "drop_no_tool needs each sample's score breakdown to report 'tool_calls' (an int); "
+                f"got {dict(breakdown) if breakdown else breakdown!r}"
+            )
+        else:
+            counts.append(breakdown["tool_calls"])
+    keep, masked = no_tool_mask(counts, filter_settings(args).max_no_tool_fraction)
+    for sample, mask in zip(samples, masked, strict=True):
+        if mask:
+            sample.loss_mask = [0] * len(sample.loss_mask or [0] * sample.response_length)
+    return _filter_output(keep, None if keep else "all_no_tool")
+
+
+def task_reward_nonzero_std(args: Any, samples: list[Any], **_: Any) -> Any:
+    """slime ``--dynamic-sampling-filter-path``: keep a group only if its task outcomes differ.
+
+    Reads the breakdown's ``task_reward`` (the outcome before shaping penalties) where the env reports
+    one, else the reward, as the authors' ``check_raw_task_reward_nonzero_std`` does (their slime fork,
+    ``slime/rollout/filter_hub/dynamic_sampling_filters.py:18-38``): with penalties on, shaped rewards
+    almost never tie even when every sample failed the task. Removed samples (env failures) carry
+    placeholder rewards and are left out; a group with fewer than two others is dropped.
+    """
+    values = []
+    for sample in samples:
+        if sample.remove_sample:
+            continue
+        breakdown = score_breakdown(sample) or {}
+        task = breakdown.get("task_reward")
+        values.append(float(task) if isinstance(task, (int, float)) else reward_value(args, sample))
+    if len(values) < 2:
+        return _filter_output(False, "too_few_kept")
+    mean = sum(values) / len(values)
+    keep = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) > 1e-6
+    return _filter_output(keep, None if keep else f"task_zero_std_{round(values[0], 1)}")
+
+
+def _filter_output(keep: bool, reason: str | None) -> Any:
+    """slime's ``DynamicFilterOutput`` (it counts drops by reason); a bare bool where slime is absent."""
+    try:
+        from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+    except ImportError:
+        return keep
+    return DynamicFilterOutput(keep=keep, reason=reason)

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Serve top-k retrieval over a JSONL corpus ({'id', 'contents'} a line, wiki-18's format) with "
             "Search-R1's API: POST /retrieve {'queries': [...], 'topk': k, 'return_scores': bool}. BM25 by "
-            "default (index cached beside the corpus); dense with --encoder (needs faiss-cpu)."
+            "default (index cached beside the corpus); dense with --e5-model or --encoder (needs faiss-cpu)."
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000, Search-R1's; 0 picks a free one)")
     parser.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
     parser.add_argument("--encoder", default=None, metavar="MODULE:FUNC", help="dense retrieval with this encoder")
+    parser.add_argument("--e5-model", default=None, metavar="DIR", help="dense retrieval with this E5 model folder")
     parser.add_argument("--dense-index", default=None, metavar="FILE", help="faiss index to read (or write once built)")
     parser.add_argument("--json", action="store_true", help="print the listening URL as JSON")
     parser.set_defaults(handler=run)
@@ -50,7 +51,13 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--topk must be at least 1, got {args.topk}")
     try:
         config = SearchConfig.from_mapping(
-            {"corpus": args.corpus, "topk": args.topk, "encoder": args.encoder, "dense_index": args.dense_index}
+            {
+                "corpus": args.corpus,
+                "topk": args.topk,
+                "encoder": args.encoder,
+                "e5_model": args.e5_model,
+                "dense_index": args.dense_index,
+            }
         )
         started = time.perf_counter()
         retriever = build_retriever(config)

@@ -8,7 +8,8 @@ customer (answered by the customer's reply as a ``user`` message). The customer 
 ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``; a failing simulator aborts it.
 
 Reward range {0.0, 1.0}: the final database equals the one the gold actions produce (and, where the
-task's basis asks, the required information was said). See :mod:`.reward`.
+task's basis asks, the required information was said). See :mod:`.reward`. With ``shaping`` set, the
+ACLArena authors' values for malformed, truncated and aborted episodes apply (:mod:`.shaping`).
 
 Config (recipe ``aclarena_env_config.retail``)::
 
@@ -20,6 +21,7 @@ Config (recipe ``aclarena_env_config.retail``)::
       model: Qwen3-32B
       temperature: 0.0
     tool_call_format: {open: "<tool_call>", close: "</tool_call>", think_end: "</think>"}
+    shaping: null                   # or {} / {truncated: -0.2, ...}: the authors' shaped reward (shaping.py)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, ClassVar
 from aclarena_envs.retail.data import TAG, RetailData, records, task_id_of
 from aclarena_envs.retail.db import canonical_hash
 from aclarena_envs.retail.reward import GoldReplay, replay_gold, score_episode
+from aclarena_envs.retail.shaping import RetailShaping, turn_well_formed
 from aclarena_envs.retail.tool_calls import MalformedCall, ToolCallParser
 from aclarena_envs.retail.tools import WRITE_TOOLS, RetailTools, tool_schemas
 from aclarena_envs.retail.user_sim import (
@@ -47,7 +50,7 @@ AGENT_INSTRUCTION = """You are a customer service agent of an online retail stor
 Each turn, either write a message to the customer or call tools, never both.
 Follow the policy, and make every tool call valid JSON."""
 
-CONFIG_KEYS = {"data_dir", "max_turns", "user", "tool_call_format"}
+CONFIG_KEYS = {"data_dir", "max_turns", "user", "tool_call_format", "shaping"}
 
 
 def system_prompt(policy: str) -> str:
@@ -63,6 +66,8 @@ class RetailEpisode(Episode):
         self.agent_messages: list[str] = []
         self.wrote = False  # whether any write succeeded: an untouched database needs no hashing
         self.ended = stop_reason(first_message)
+        self.aborted = False  # the agent wrote a turn that cannot be read (shaping only)
+        self.bad_turns = 0  # turns that break the authors' format rule
         self.conversation = Conversation(
             [{"role": "system", "content": system_prompt(env.data.policy)}, {"role": "user", "content": first_message}],
             tools=tool_schemas(),
@@ -72,6 +77,10 @@ class RetailEpisode(Episode):
         if self.ended:
             return Done(self.ended)
         turn = self.env.parser.parse(text)
+        self.bad_turns += not turn_well_formed(text)
+        if self.env.shaping is not None and _broken(turn):  # the authors end the episode here
+            self.aborted = True
+            return Done("malformed_turn")
         if turn.content:
             self.agent_messages.append(turn.content)
         if turn.calls:
@@ -95,8 +104,16 @@ class RetailEpisode(Episode):
     async def score(self) -> Score:
         gold = self.env.gold(self.task)
         score = score_episode(self.task, self.db_hash(), gold.db_hash, self.agent_messages)
-        score.breakdown["end"] = self.ended or "turn_limit"
-        return score
+        score.breakdown["end"] = "malformed_turn" if self.aborted else self.ended or "turn_limit"
+        if self.env.shaping is None:
+            return score
+        truncated = not self.ended  # neither the customer nor a broken turn ended it: turn limit or budget
+        return self.env.shaping.shape(score, aborted=self.aborted, truncated=truncated, bad_turns=self.bad_turns)
+
+
+def _broken(turn: Any) -> bool:
+    """A turn the authors' agent aborts on: a tool call it cannot read, or nothing at all."""
+    return any(isinstance(call, MalformedCall) for call in turn.calls) or (not turn.calls and not turn.content)
 
 
 class RetailEnvironment(Environment):
@@ -123,6 +140,9 @@ class RetailEnvironment(Environment):
         if self.max_turns < 1:
             raise ValueError("retail env: max_turns must be at least 1")
         self.parser = ToolCallParser.from_config(self.config.get("tool_call_format"))
+        self.shaping = RetailShaping.from_config(self.config.get("shaping"))
+        if self.shaping is not None:
+            self.reward_range = self.shaping.reward_range  # type: ignore[misc] - this instance's reward
         self.user = user_simulator or build_user_simulator(self.config.get("user"))
         self._gold: dict[str, GoldReplay] = {}
 

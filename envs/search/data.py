@@ -115,7 +115,12 @@ def write_demo(directory: Path, n_passages: int, seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``aclarena data prepare search ...`` (the env's ``prepare_data`` hook)."""
+    """``aclarena data prepare search ...`` (the env's ``prepare_data`` hook); ``... dense-index`` builds
+    an E5 index (:mod:`.e5`)."""
+    if argv[:1] == ["dense-index"]:
+        from .e5 import main as dense_index_main
+
+        return dense_index_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="aclarena data prepare search",
         description="Convert Search-R1 QA data (parquet/JSONL: question, golden_answers, data_source) into slime "

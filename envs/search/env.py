@@ -9,9 +9,11 @@ against the gold answers). Configuration, from the recipe (under slime through
     retriever_url: http://127.0.0.1:8000/retrieve   # or a Search-R1 server instead of a corpus
     encoder: my_pkg.enc:encode      # with corpus: dense retrieval (faiss) with this encoder
     dense_index: /data/e5_Flat.index  # optional prebuilt faiss index for the dense retriever
+    e5_model: /models/e5-base-v2    # with corpus: E5 dense retrieval (the authors'), instead of encoder
     topk: 3                         # passages per search (Search-R1: 3)
     max_turns: 5                    # model turns per episode (Search-R1: at most 5)
-    reward: em                      # em | f1
+    reward: em                      # em | f1 | shaped (the authors' -0.2..1.0 table; protocol tool_call)
+    protocol: search_r1             # search_r1 tags | tool_call (the authors' JSON <tool_call>, tool messages)
     format_score: 0.0               # Search-R1's structure bonus (their runs: 0.2)
     max_query_chars: 512            # longer queries get a notice instead of a search
     instruction: "...{question}..." # wraps bare-question prompts; default Search-R1's; "" = as is
@@ -33,6 +35,7 @@ from aclarena_slime.contract import Conversation, Done, Environment, Episode, Ep
 from aclarena_slime.strict_config import from_mapping
 
 from . import data, demo_corpus
+from .e5 import check_e5, dense_encoder
 from .protocol import (
     INSTRUCTION,
     INVALID_ACTION,
@@ -42,8 +45,9 @@ from .protocol import (
     make_prompt,
     parse_action,
 )
-from .retriever import BM25Retriever, DenseRetriever, RemoteRetriever, Retriever, RetrieverError, load_encoder
+from .retriever import BM25Retriever, DenseRetriever, RemoteRetriever, Retriever, RetrieverError
 from .reward import REWARDS, exact_match, f1, gold_answers, trajectory_reward
+from .tool_episode import ToolSearchEpisode, check_protocol, protocol_settings
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,8 @@ class SearchConfig:
     max_query_chars: int = 512
     retriever_timeout_s: float = 30.0
     instruction: str = INSTRUCTION
+    e5_model: str | None = None  # with corpus: E5 dense retrieval (e5.py), the authors' retriever
+    protocol: str = "search_r1"  # or "tool_call": the ACLArena authors' JSON tool call (tool_episode.py)
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> SearchConfig:
@@ -88,6 +94,8 @@ class SearchConfig:
             raise ValueError("search env: instruction must be a string holding {question}, or empty")
         if (cfg.encoder or cfg.dense_index) and not cfg.corpus:
             raise ValueError("search env: encoder/dense_index need a corpus")
+        check_protocol(cfg)
+        check_e5(cfg)
         return cfg
 
 
@@ -95,8 +103,8 @@ def build_retriever(cfg: SearchConfig) -> Retriever:
     """The one place that turns configuration into a retriever (blocking: may build an index)."""
     if cfg.retriever_url:
         return RemoteRetriever(cfg.retriever_url, timeout_s=cfg.retriever_timeout_s)
-    if cfg.corpus and cfg.encoder:
-        return DenseRetriever.from_corpus(cfg.corpus, load_encoder(cfg.encoder), index_path=cfg.dense_index)
+    if cfg.corpus and (cfg.encoder or cfg.e5_model):
+        return DenseRetriever.from_corpus(cfg.corpus, dense_encoder(cfg), index_path=cfg.dense_index)
     if cfg.corpus:
         return BM25Retriever.from_corpus(cfg.corpus)
     log.warning(
@@ -189,6 +197,11 @@ class SearchEnvironment(Environment):
         super().__init__(config)
         self.cfg = SearchConfig.from_mapping(self.config)
         self.max_turns = self.cfg.max_turns
+        stop, reward_range = protocol_settings(self.cfg)
+        if stop is not None:
+            self.stop = stop
+        if reward_range is not None:
+            self.reward_range = reward_range  # type: ignore[misc] - this instance's reward, not the class's
         self._retriever: Retriever | None = None
         self._build_lock = threading.Lock()  # not an asyncio lock: the env may outlive one event loop
 
@@ -205,7 +218,8 @@ class SearchEnvironment(Environment):
                 self._retriever = build_retriever(self.cfg)
 
     async def start(self, task: Task) -> Episode:
-        return SearchEpisode(self, task, gold_answers(task.label_value))
+        episode = ToolSearchEpisode if self.cfg.protocol == "tool_call" else SearchEpisode
+        return episode(self, task, gold_answers(task.label_value))
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Questions about the generated demo corpus, the one this env searches when none is configured.

@@ -361,6 +361,12 @@ class DenseRetriever:
             index = faiss.read_index(str(index_path))
             if index.ntotal != len(offsets):
                 raise ValueError(f"faiss index {index_path} holds {index.ntotal} vectors, the corpus {len(offsets)}")
+            dim = _normalised(encode(["dimension probe"], True)).shape[1]
+            if index.d != dim:  # built by another encoder: every search would fail, so fail here
+                raise ValueError(
+                    f"faiss index {index_path} holds {index.d}-dimensional vectors, the encoder makes {dim}: "
+                    "rebuild it with this encoder"
+                )
         else:
             offsets, contents = CorpusFile.scan(Path(path))
             vectors = [

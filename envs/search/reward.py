@@ -13,7 +13,7 @@ import string
 from collections import Counter
 from collections.abc import Iterable
 
-REWARDS = ("em", "f1")
+REWARDS = ("em", "f1", "shaped")  # shaped: the authors' table, shaped_reward.py (tool_call protocol)
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
