@@ -216,10 +216,27 @@ def _allow_backbone_only_load(module: nn.Module, incompatible) -> None:
             missing.remove(key)
 
 
+def _embedding_output_requires_grad(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook on the frozen embedding (PEFT's ``enable_input_require_grads`` for megatron-core).
+
+    Megatron's activation recompute (``tensor_parallel.checkpoint``) returns a tensor that tracks
+    gradients only if one of its inputs does; the frozen embedding's output does not, so without this
+    the loss has no graph to the adapters and Megatron's schedule silently skips the backward.
+    """
+    if torch.is_grad_enabled() and torch.is_tensor(output) and not output.requires_grad:
+        output.requires_grad_(True)
+    return output
+
+
 def inject_lora(model: nn.Module, config: LoraConfig) -> list[str]:
     """Adapt ``config.target_modules`` in every transformer layer of a megatron-core GPT model and
     freeze everything else. Returns the global keys of the adapted layers (``layers.<i>.<target>``).
+
+    The embedding's output is made to require grad (see :func:`_embedding_output_requires_grad`), so
+    the returned model trains under every activation-recompute setting.
     """
+    from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+
     keys: list[str] = []
     gated = bool(getattr(getattr(model, "config", None), "gated_linear_unit", False))
     for layer in model.modules():
@@ -243,6 +260,9 @@ def inject_lora(model: nn.Module, config: LoraConfig) -> list[str]:
         raise LoraConfigError("no transformer layer found to adapt: is this a megatron-core GPT model?")
     for name, param in model.named_parameters():
         param.requires_grad = _is_adapter_key(name)
+    for module in model.modules():
+        if isinstance(module, LanguageModelEmbedding):  # absent on pipeline stages after the first
+            module.register_forward_hook(_embedding_output_requires_grad)
     model.register_load_state_dict_post_hook(_allow_backbone_only_load)
     return keys
 
