@@ -120,15 +120,32 @@ class LoraLinearMixin:
         param.copy_(block.to(param.dtype))
 
     @torch.no_grad()
-    def lora_full(self, name: str) -> torch.Tensor:
-        """The logical (TP=1) adapter matrix; a collective over the TP group when it is sharded."""
-        param = getattr(self, name).weight.detach()
+    def lora_full(self, name: str, local: torch.Tensor | None = None) -> torch.Tensor:
+        """The logical (TP=1) adapter matrix; a collective over the TP group when it is sharded.
+
+        ``local`` is this rank's block taken from elsewhere than the live parameter (slime's CPU copy,
+        while the trainer's GPU memory is paused); only the live parameter's shape is read then.
+        """
+        live = getattr(self, name).weight
+        if local is not None and tuple(local.shape) != tuple(live.shape):
+            raise ValueError(
+                f"{self.lora_key}.{name}: copy of shape {tuple(local.shape)}, parameter {tuple(live.shape)}"
+            )
+        block = (live if local is None else local).detach()
         layout, size = self.lora_layouts[name], self.lora_tp_size()
         if layout.dim is None or size == 1:
-            return param.clone()
-        blocks = [torch.empty_like(param) for _ in range(size)]
-        torch.distributed.all_gather(blocks, param.contiguous(), group=self.lora_tp_group())
+            return block.clone()
+        group = self.lora_tp_group()
+        if torch.distributed.get_backend(group) == "nccl":
+            block = block.to(torch.device("cuda", torch.cuda.current_device()))
+        blocks = [torch.empty_like(block) for _ in range(size)]
+        torch.distributed.all_gather(blocks, block.contiguous(), group=group)
         return unshard(blocks, layout)
+
+    def lora_param_suffix(self, name: str) -> str:
+        """The parameter's global name from ``decoder.layers.`` on (layer index with the pipeline offset)."""
+        _, index, target = self.lora_key.split(".")
+        return f"decoder.layers.{index}.{_PARENT[target]}.{target}.{name}.weight"
 
     def _lora_input(self, x: torch.Tensor) -> torch.Tensor:
         norm_weight = getattr(self, "layer_norm_weight", None)
