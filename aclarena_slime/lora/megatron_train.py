@@ -86,8 +86,17 @@ def build_training(
     return ddp, optimizer, scheduler
 
 
-def train_step(ddp: Any, optimizer: Any, scheduler: Any, input_ids: torch.Tensor) -> tuple[float, float]:
-    """One next-token step, Megatron's way (grad buffers, grad sync, optimizer, scheduler). Returns (loss, grad norm)."""
+def train_step(
+    ddp: Any,
+    optimizer: Any,
+    scheduler: Any,
+    input_ids: torch.Tensor,
+    on_grads: Callable[[Any], None] | None = None,
+) -> tuple[float, float]:
+    """One next-token step, Megatron's way (grad buffers, grad sync, optimizer, scheduler). Returns (loss, grad norm).
+
+    ``on_grads(ddp)`` runs after the gradient sync, before the optimizer step (``param.main_grad`` is set then).
+    """
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
     logits = megatron_logits(ddp, input_ids)
@@ -95,6 +104,8 @@ def train_step(ddp: Any, optimizer: Any, scheduler: Any, input_ids: torch.Tensor
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), input_ids[:, 1:].reshape(-1))
     loss.backward()
     ddp.finish_grad_sync()
+    if on_grads is not None:
+        on_grads(ddp)
     ok, grad_norm, _ = optimizer.step()
     if not ok:
         raise RuntimeError("the optimizer skipped its step (overflow)")
