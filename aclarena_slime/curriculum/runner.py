@@ -3,7 +3,9 @@
 The stage runner and the evaluator are parameters (a test passes fakes); by default a stage runs through
 the same code as ``launch/stage.sh`` and evaluation runs the curriculum's ``evaluation.command``.
 A stage marked done in the manifest is never run again (only its evaluation, when that did not finish);
-a stage that was running when the process died is run again from its start. A stage that the local
+a stage that was running when the process died is run again from its start, except that a LoRA stage
+resumes its adapter and optimizer state from the last adapter checkpoint under its ``checkpoint.save``
+(``aclarena_slime.lora.checkpoint``; the manifest records the iteration). A stage that the local
 backend runs gets the local profile, as ``launch/stage.sh`` gives it.
 """
 
@@ -21,6 +23,7 @@ from aclarena_slime.curriculum.config import CurriculumConfig, StageEntry, load_
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
+from aclarena_slime.lora.checkpoint import adapter_checkpoint_root, latest_iteration
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
 from aclarena_slime.recipes.schema import StageRecipe
@@ -135,10 +138,13 @@ def run_curriculum(
         if source_name and (source is None or source.get("status") != DONE):
             raise CurriculumFailed(f"stage {entry.name} starts from {source_name}, which has not finished")
         recipe = stage_recipe(config, file, entry, source)
+        resumed = latest_iteration(adapter_checkpoint_root(recipe.checkpoint.save)) if recipe.lora.enabled else None
+        if resumed is not None:
+            print(f"[curriculum] {entry.name}: resuming its adapter from iteration {resumed}", file=sys.stderr)
         manifest.update_stage(
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,
-            status=RUNNING, started_at=time.time(),
+            status=RUNNING, started_at=time.time(), resumed_adapter_iteration=resumed,
         )  # fmt: skip
         result = runner(recipe)
         if result.status != 0:

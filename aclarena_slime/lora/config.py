@@ -23,6 +23,8 @@ HF_TARGETS: dict[str, tuple[str, ...]] = {
 # Regex for slime's --only-train-params-name-list: matches adapter weights and nothing else.
 ADAPTER_PARAM_PATTERN = r"\.lora_[AB]\.weight$"
 SYNC_MODES = ("tensors", "disk")
+# /pause_generation modes that fit an adapter swap (SGLang 0.5.15 io_struct.PauseGenerationReqInput).
+PAUSE_MODES = ("abort", "retract")
 PAYLOAD_SCHEMAS = ("auto", "serialized_tensors", "serialized_named_tensors")
 
 
@@ -55,6 +57,13 @@ class LoraConfig:
     sync_mode: str = "disk"
     sync_dir: str | None = None
     sglang_payload: str = "auto"
+    # How each server pauses around the swap; sent explicitly (SGLang reads an empty body as "abort").
+    # "abort": in-flight requests end with finish reason abort; slime's synchronous train.py has none
+    # in flight at a sync. "retract": in-flight requests go back to the waiting queue and resume after
+    # the swap (asynchronous rollout), but only requests on *other* adapters: SGLang's unload waits
+    # until no request holds the adapter (lora_registry.wait_for_unload), and a retracted request still
+    # holds it, so a paused server would never finish the unload (checked in SGLang 0.5.15.post1).
+    pause_mode: str = "abort"
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -74,6 +83,8 @@ class LoraConfig:
             validate_adapter_name(self.adapter_name)  # SGLang's name for it, and its folder under sync_dir
         except ExpertError as exc:
             raise LoraConfigError(f"lora adapter_name: {exc}") from exc
+        if self.pause_mode not in PAUSE_MODES:
+            raise LoraConfigError(f"lora pause_mode must be one of {PAUSE_MODES}, got {self.pause_mode!r}")
         if self.sglang_payload not in PAYLOAD_SCHEMAS:
             raise LoraConfigError(f"lora sglang_payload must be one of {PAYLOAD_SCHEMAS}, got {self.sglang_payload!r}")
 

@@ -13,6 +13,7 @@ import ctypes.util
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +51,14 @@ def split_qkv_rows(fused: torch.Tensor, shape: AttentionShape) -> tuple[torch.Te
     return (t.reshape(-1, *fused.shape[1:]) for t in (q, k, v))
 
 
-def gather_adapter(model: nn.Module | list[nn.Module]) -> dict[str, torch.Tensor]:
+def gather_adapter(
+    model: nn.Module | list[nn.Module], local_weights: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """Logical (TP=1) adapter matrices keyed ``layers.<i>.<target>.lora_A`` / ``lora_B``.
+
+    ``local_weights`` (slime's ``weights_getter()``: global parameter name -> this rank's CPU copy)
+    replaces the live parameters as the source; the model then only supplies shapes and layouts, so
+    this works while torch_memory_saver has the trainer's GPU memory paused.
 
     A collective over the tensor-parallel group: every TP rank must call it. Pipeline parallelism
     is not gathered here (each stage only holds its own layers).
@@ -60,10 +67,20 @@ def gather_adapter(model: nn.Module | list[nn.Module]) -> dict[str, torch.Tensor
 
     if parallel_state.model_parallel_is_initialized() and parallel_state.get_pipeline_model_parallel_world_size() > 1:
         raise NotImplementedError("LoRA export with pipeline parallelism > 1 is not supported; use PP=1")
+    by_suffix: dict[str, torch.Tensor] = {}
+    if local_weights is not None:
+        marker = "decoder.layers."
+        by_suffix = {k[k.index(marker) :]: v for k, v in local_weights.items() if marker in k and ".lora_" in k}
     out: dict[str, torch.Tensor] = {}
     for module in lora_modules(model):
         for name in ("lora_A", "lora_B"):
-            out[f"{module.lora_key}.{name}"] = module.lora_full(name).cpu()
+            local = None
+            if local_weights is not None:
+                suffix = module.lora_param_suffix(name)
+                if suffix not in by_suffix:
+                    raise KeyError(f"the weights copy has no {suffix} (has it {len(by_suffix)} adapter tensors?)")
+                local = by_suffix[suffix]
+            out[f"{module.lora_key}.{name}"] = module.lora_full(name, local).cpu()
     return out
 
 

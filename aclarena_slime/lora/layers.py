@@ -120,15 +120,32 @@ class LoraLinearMixin:
         param.copy_(block.to(param.dtype))
 
     @torch.no_grad()
-    def lora_full(self, name: str) -> torch.Tensor:
-        """The logical (TP=1) adapter matrix; a collective over the TP group when it is sharded."""
-        param = getattr(self, name).weight.detach()
+    def lora_full(self, name: str, local: torch.Tensor | None = None) -> torch.Tensor:
+        """The logical (TP=1) adapter matrix; a collective over the TP group when it is sharded.
+
+        ``local`` is this rank's block taken from elsewhere than the live parameter (slime's CPU copy,
+        while the trainer's GPU memory is paused); only the live parameter's shape is read then.
+        """
+        live = getattr(self, name).weight
+        if local is not None and tuple(local.shape) != tuple(live.shape):
+            raise ValueError(
+                f"{self.lora_key}.{name}: copy of shape {tuple(local.shape)}, parameter {tuple(live.shape)}"
+            )
+        block = (live if local is None else local).detach()
         layout, size = self.lora_layouts[name], self.lora_tp_size()
         if layout.dim is None or size == 1:
-            return param.clone()
-        blocks = [torch.empty_like(param) for _ in range(size)]
-        torch.distributed.all_gather(blocks, param.contiguous(), group=self.lora_tp_group())
+            return block.clone()
+        group = self.lora_tp_group()
+        if torch.distributed.get_backend(group) == "nccl":
+            block = block.to(torch.device("cuda", torch.cuda.current_device()))
+        blocks = [torch.empty_like(block) for _ in range(size)]
+        torch.distributed.all_gather(blocks, block.contiguous(), group=group)
         return unshard(blocks, layout)
+
+    def lora_param_suffix(self, name: str) -> str:
+        """The parameter's global name from ``decoder.layers.`` on (layer index with the pipeline offset)."""
+        _, index, target = self.lora_key.split(".")
+        return f"decoder.layers.{index}.{_PARENT[target]}.{target}.{name}.weight"
 
     def _lora_input(self, x: torch.Tensor) -> torch.Tensor:
         norm_weight = getattr(self, "layer_norm_weight", None)
@@ -216,10 +233,27 @@ def _allow_backbone_only_load(module: nn.Module, incompatible) -> None:
             missing.remove(key)
 
 
+def _embedding_output_requires_grad(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook on the frozen embedding (PEFT's ``enable_input_require_grads`` for megatron-core).
+
+    Megatron's activation recompute (``tensor_parallel.checkpoint``) returns a tensor that tracks
+    gradients only if one of its inputs does; the frozen embedding's output does not, so without this
+    the loss has no graph to the adapters and Megatron's schedule silently skips the backward.
+    """
+    if torch.is_grad_enabled() and torch.is_tensor(output) and not output.requires_grad:
+        output.requires_grad_(True)
+    return output
+
+
 def inject_lora(model: nn.Module, config: LoraConfig) -> list[str]:
     """Adapt ``config.target_modules`` in every transformer layer of a megatron-core GPT model and
     freeze everything else. Returns the global keys of the adapted layers (``layers.<i>.<target>``).
+
+    The embedding's output is made to require grad (see :func:`_embedding_output_requires_grad`), so
+    the returned model trains under every activation-recompute setting.
     """
+    from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+
     keys: list[str] = []
     gated = bool(getattr(getattr(model, "config", None), "gated_linear_unit", False))
     for layer in model.modules():
@@ -243,6 +277,9 @@ def inject_lora(model: nn.Module, config: LoraConfig) -> list[str]:
         raise LoraConfigError("no transformer layer found to adapt: is this a megatron-core GPT model?")
     for name, param in model.named_parameters():
         param.requires_grad = _is_adapter_key(name)
+    for module in model.modules():
+        if isinstance(module, LanguageModelEmbedding):  # absent on pipeline stages after the first
+            module.register_forward_hook(_embedding_output_requires_grad)
     model.register_load_state_dict_post_hook(_allow_backbone_only_load)
     return keys
 

@@ -6,9 +6,11 @@
     --dist-ckpt-strictness log_unexpected      # a backbone checkpoint has no adapter keys
     --custom-config-path lora.yaml             # aclarena_lora: {rank: 16, alpha: 32, adapter_name: math, ...}
 
-``megatron_init`` installs two monkeypatches on slime's Megatron actor (slime offers no hook for
-either): the reference / teacher forwards run with the adapters off, and the full-weight updater is
-replaced by :class:`~aclarena_slime.lora.updater.LoraWeightUpdater`.
+``megatron_init`` installs three monkeypatches on slime's Megatron actor (slime offers no hook for
+any): the reference / teacher forwards run with the adapters off, the full-weight updater is replaced
+by :class:`~aclarena_slime.lora.updater.LoraWeightUpdater`, and checkpoints hold the adapter and its
+optimizer state only, resumed from ``<--save>/lora_adapter`` after a crash
+(:mod:`aclarena_slime.lora.checkpoint`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ def megatron_init(args: Any) -> None:
     """``--custom-megatron-init-path`` hook: validate, then patch slime's actor (idempotent)."""
     config = check_args(args)
     from slime.backends.megatron_utils import actor as actor_module
+    from slime.backends.megatron_utils import model as model_module
 
+    from .checkpoint import install as install_adapter_checkpoints
     from .updater import LoraWeightUpdater
 
     actor_cls = actor_module.MegatronTrainRayActor
@@ -88,6 +92,8 @@ def megatron_init(args: Any) -> None:
         actor_cls._aclarena_lora_patched = True
     for name in ("UpdateWeightFromTensor", "UpdateWeightFromDistributed", "UpdateWeightFromDisk"):
         setattr(actor_module, name, LoraWeightUpdater)
+    # slime's model.save / initialize_model_and_optimizer call these two names (runs before the model is built).
+    install_adapter_checkpoints(model_module, getattr(args, "save", None))
     logger.info(
         "aclarena LoRA: rank=%d alpha=%g targets=%s adapter=%r",
         config.rank,

@@ -46,6 +46,12 @@ class _CpuRngTracker:
     def fork(self, name: str = "model-parallel-rng"):
         yield
 
+    def get_states(self) -> dict:
+        return {}
+
+    def set_states(self, states: dict) -> None:
+        pass
+
 
 @contextmanager
 def megatron_on_cpu():
@@ -58,6 +64,10 @@ def megatron_on_cpu():
             stack.enter_context(mock.patch("torch.cuda.current_device", lambda: "cpu"))
             stack.enter_context(mock.patch.object(tensor_parallel, "get_cuda_rng_tracker", lambda: tracker))
             stack.enter_context(mock.patch.object(tensor_parallel.random, "get_cuda_rng_tracker", lambda: tracker))
+            # Activation recompute saves and restores the CUDA RNG state around each checkpointed block.
+            cpu_state = torch.empty(0, dtype=torch.uint8)
+            stack.enter_context(mock.patch.object(tensor_parallel.random, "_get_cuda_rng_state", lambda **_: cpu_state))
+            stack.enter_context(mock.patch.object(tensor_parallel.random, "_set_cuda_rng_state", lambda *a, **k: None))
         yield
 
 
@@ -88,8 +98,26 @@ def model_parallel(tp_rank: int = 0, tp_size: int = 1, port: int | None = None):
         torch.distributed.destroy_process_group()
 
 
-def build_tiny_gpt(shape: TinyQwen3, *, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """A megatron-core GPTModel with the local (non-TE) Qwen3-style spec; needs ``model_parallel()``."""
+def build_tiny_gpt(
+    shape: TinyQwen3,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    recompute: str | None = None,
+):
+    """A megatron-core GPTModel with the local (non-TE) Qwen3-style spec; needs ``model_parallel()``.
+
+    ``recompute="full"`` turns on full uniform activation recompute (one layer per checkpoint), the
+    setting of the paper's cluster profile; ``"selective"`` recomputes the core attention only.
+    """
+    recompute_kwargs: dict = {}
+    if recompute == "full":
+        recompute_kwargs = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    elif recompute == "selective":
+        recompute_kwargs = {"recompute_granularity": "selective"}
+    elif recompute is not None:
+        raise ValueError(f"recompute must be None, 'full' or 'selective', got {recompute!r}")
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -120,6 +148,7 @@ def build_tiny_gpt(shape: TinyQwen3, *, seed: int = 0, dtype: torch.dtype = torc
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        **recompute_kwargs,
     )
     torch.manual_seed(seed)  # use_cpu_initialization: full weights from this RNG, then split per TP rank
     with megatron_on_cpu():

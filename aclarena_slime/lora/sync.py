@@ -105,8 +105,8 @@ async def _server_info(client: SGLangClient) -> dict:
         raise AdapterSyncError(str(exc)) from exc
 
 
-async def _swap_on(client: SGLangClient, name: str, endpoint: str, body: dict) -> None:
-    await _post(client, "/pause_generation", {})
+async def _swap_on(client: SGLangClient, name: str, endpoint: str, body: dict, pause_mode: str) -> None:
+    await _post(client, "/pause_generation", {"mode": pause_mode})
     try:
         try:
             await _post(client, "/unload_lora_adapter", {"lora_name": name})
@@ -128,8 +128,11 @@ async def sync_adapter(
     schema: str = "auto",
     pinned: bool = False,
     timeout_s: float = 600.0,
+    pause_mode: str = "abort",
 ) -> SyncResult:
     """Replace adapter ``name`` on every server with ``tensors`` (PEFT names, full unsharded tensors).
+
+    ``pause_mode`` is sent to ``/pause_generation`` (see ``LoraConfig.pause_mode`` for the choice).
 
     One attempt per request (``RetryPolicy(attempts=1)``): a load is not idempotent across a half-done swap.
     """
@@ -154,6 +157,9 @@ async def sync_adapter(
             body = tensors_payload(name, tensors, config_dict, server_schema, tp_size, pinned)
             bodies.append(("/load_lora_adapter_from_tensors", body))
     await asyncio.gather(
-        *(_swap_on(client, name, endpoint, body) for client, (endpoint, body) in zip(clients, bodies, strict=True))
+        *(
+            _swap_on(client, name, endpoint, body, pause_mode)
+            for client, (endpoint, body) in zip(clients, bodies, strict=True)
+        )
     )
     return SyncResult(len(urls), payload_bytes, time.perf_counter() - start, used)

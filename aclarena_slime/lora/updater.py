@@ -1,7 +1,11 @@
 """Slime weight updater for LoRA runs: sends the adapter, never the backbone, after each train step.
 
 It has the interface of slime's ``UpdateWeightFrom*`` classes (``slime/backends/megatron_utils/
-update_weight``) and takes their place when ``provider.megatron_init`` is installed.
+update_weight``) and takes their place when ``provider.megatron_init`` is installed. Like them it reads
+the weights through ``weights_getter`` (slime's CPU copy, refreshed after every train step by
+``weights_backuper.backup("actor")``), never the live parameters: with ``--colocate`` / offload, slime
+pauses the trainer's GPU memory (torch_memory_saver) right after init and calls ``update_weights``
+while it sleeps, so the live tensors are unmapped then.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class LoraWeightUpdater:
         self,
         args: Any,
         model: Sequence[torch.nn.Module],
-        weights_getter: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+        weights_getter: Callable[[], Mapping[str, torch.Tensor]],
         *,
         model_name: str = "",
         quantization_config: dict | None = None,
@@ -38,6 +42,7 @@ class LoraWeightUpdater:
         if quantization_config:
             raise ValueError("LoRA adapter sync does not support quantised rollout weights")
         self.model = model
+        self.weights_getter = weights_getter
         self.config = LoraConfig.from_args(args)
         self.base_model = getattr(args, "hf_checkpoint", None)
         self.rollout_engines: Sequence[Any] = []
@@ -66,21 +71,29 @@ class LoraWeightUpdater:
                 mode=self.config.sync_mode,
                 sync_dir=self.config.sync_dir,
                 schema=self.config.sglang_payload,
+                pause_mode=self.config.pause_mode,
             )
         finally:
             await close_sessions()
 
     @torch.no_grad()
-    def update_weights(self) -> None:
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapter in PEFT names from ``weights_getter``'s copy; a TP collective (every rank calls it)."""
         from megatron.core.utils import get_model_config
 
         shape = AttentionShape.from_megatron(get_model_config(self.model[0]))
-        tensors = to_peft_state_dict(gather_adapter(self.model), shape)  # every TP rank takes part
-        if dist.get_rank() == 0 and self.rollout_engines:
-            import ray
+        return to_peft_state_dict(gather_adapter(self.model, self.weights_getter()), shape)
 
-            urls = ray.get([engine.get_url.remote() for engine in self.rollout_engines])
-            result = asyncio.run(self._sync(urls, tensors))
+    def _engine_urls(self) -> list[str]:
+        import ray
+
+        return ray.get([engine.get_url.remote() for engine in self.rollout_engines])
+
+    @torch.no_grad()
+    def update_weights(self) -> None:
+        tensors = self.adapter_tensors()
+        if dist.get_rank() == 0 and self.rollout_engines:
+            result = asyncio.run(self._sync(self._engine_urls(), tensors))
             self.metrics = {
                 "perf/lora_sync_seconds": result.seconds,
                 "perf/lora_sync_bytes": float(result.payload_bytes),

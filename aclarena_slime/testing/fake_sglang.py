@@ -6,7 +6,8 @@ engine does (a stop string ends the output after it, with no end-of-turn token; 
 output and reports ``length``). Requests are recorded for assertions (``lora_path`` included). The OpenAI endpoints
 (``/v1/completions``, ``/v1/chat/completions``, adapter from ``model="<base>:<adapter>"``) and
 ``stream: true`` (server-sent events, as SGLang sends them) are there for gateway tests; ``stop()`` and
-``start()`` simulate a restart: same port, no adapters loaded.
+``start()`` simulate a restart: same port, no adapters loaded. ``/pause_generation`` and
+``/continue_generation`` validate their bodies as SGLang 0.5.15 does and record the pause modes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from typing import Any
 from aiohttp import web
 
 from aclarena_slime.http_service import serving
+
+# sglang 0.5.15 managers/io_struct.py: PauseGenerationReqInput.mode, default "abort" (an empty body aborts
+# every in-flight request); ContinueGenerationReqInput.torch_empty_cache: bool = True.
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class FakeSGLang:
         self._replies = replies if callable(replies) else itertools.cycle(list(replies))
         self.requests: list[dict[str, Any]] = []
         self.adapters: dict[str, str] = {}
+        self.pause_modes: list[str] = []
+        self.paused = False
         self.url = ""
         self._stack: contextlib.AsyncExitStack | None = None
 
@@ -65,6 +72,8 @@ class FakeSGLang:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/load_lora_adapter", self._load)
         app.router.add_post("/unload_lora_adapter", self._unload)
+        app.router.add_post("/pause_generation", self._pause)
+        app.router.add_post("/continue_generation", self._continue)
         app.router.add_post("/v1/completions", self._openai)
         app.router.add_post("/v1/chat/completions", self._openai)
         return app
@@ -199,3 +208,39 @@ class FakeSGLang:
         if self.adapters.pop(body["lora_name"], None) is None:
             return web.json_response({"error": {"message": f"adapter {body['lora_name']} not loaded"}}, status=400)
         return web.json_response({"success": True, "loaded_adapters": dict(self.adapters)})
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if isinstance(body, web.Response):
+            return body
+        mode = body.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            return _unprocessable(["body", "mode"], f"Input should be {', '.join(map(repr, PAUSE_MODES))}")
+        self.pause_modes.append(mode)
+        self.paused = True
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _continue(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if isinstance(body, web.Response):
+            return body
+        if not isinstance(body.get("torch_empty_cache", True), bool):
+            return _unprocessable(["body", "torch_empty_cache"], "Input should be a valid boolean")
+        self.paused = False
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+def _unprocessable(loc: list[str], message: str) -> web.Response:
+    """FastAPI's answer to a body that fails validation."""
+    return web.json_response({"detail": [{"type": "value_error", "loc": loc, "msg": message}]}, status=422)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any] | web.Response:
+    """The body as a JSON object (extra keys ignored, as SGLang's request structs do), or a 422."""
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return _unprocessable(["body"], "JSON decode error")
+    if not isinstance(body, dict):
+        return _unprocessable(["body"], "Input should be a valid dictionary")
+    return body

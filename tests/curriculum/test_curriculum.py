@@ -246,3 +246,39 @@ def test_local_smoke_curriculum_runs_for_real_and_resumes(tmp_path: Path):
     calls = []
     run_curriculum(path, [f"output_dir={out}"], runner=lambda r: calls.append(r) or default_stage_runner(r))
     assert calls == []
+
+
+def test_a_crashed_lora_stage_resumes_its_adapter_checkpoint(tmp_path: Path):
+    """The rerun compiles the same checkpoint.save, where slime's patched load finds the adapter checkpoint."""
+    from aclarena_slime.lora.checkpoint import adapter_checkpoint_root
+
+    class SavesThenCrashes(FakeRunner):
+        def __call__(self, recipe):
+            if recipe.name != "e_math":
+                return super().__call__(recipe)
+            self.calls.append((recipe.name, recipe.checkpoint.load))
+            self.recipes.append(recipe)
+            if len(self.calls) == 2:  # first attempt: an adapter checkpoint at iteration 3, then the node dies
+                root = adapter_checkpoint_root(recipe.checkpoint.save)
+                (root / "iter_0000003").mkdir(parents=True)
+                (root / "latest").write_text("3\n")
+                raise KeyboardInterrupt("simulated crash")
+            adapter = Path(recipe.checkpoint.save) / "adapters" / "math"
+            adapter.mkdir(parents=True)
+            return StageResult(0, "fake", checkpoint=recipe.checkpoint.save, adapter=str(adapter))
+
+    stages = [
+        f"{{name: backbone, recipe: {RECIPES}/sdft_backbone.yaml}}",
+        f"{{name: e_math, recipe: {RECIPES}/mle_math.yaml, start: backbone, expert: math}}",
+    ]
+    path = write_curriculum(tmp_path, "mle", stages)
+    runner = SavesThenCrashes()
+    with pytest.raises(KeyboardInterrupt):
+        run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert data["stages"][1]["resumed_adapter_iteration"] is None
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    first, second = runner.recipes[1:]
+    assert second.checkpoint.save == first.checkpoint.save
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert data["stages"][1]["status"] == DONE and data["stages"][1]["resumed_adapter_iteration"] == 3

@@ -7,6 +7,7 @@ import types
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from aclarena_slime.lora import LoraConfigError
 from aclarena_slime.lora import provider as provider_module
@@ -36,14 +37,22 @@ def fake_slime(monkeypatch):
     actor.MegatronTrainRayActor = Actor
     actor.UpdateWeightFromTensor = actor.UpdateWeightFromDistributed = actor.UpdateWeightFromDisk = object
     model_provider = types.ModuleType("slime.backends.megatron_utils.model_provider")
+    model = types.ModuleType(
+        "slime.backends.megatron_utils.model"
+    )  # Megatron's checkpoint functions, as imported there
+    model.backbone_loads = []
+    model.save_checkpoint = lambda *args, **kwargs: pytest.fail("the whole model must not be saved")
+    model.load_checkpoint = lambda *args, **kwargs: model.backbone_loads.append(args) or (0, 0)
     training = types.ModuleType("megatron.training")
     for name in ("slime", "slime.backends", "slime.backends.megatron_utils"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "slime.backends.megatron_utils.actor", actor)
     monkeypatch.setitem(sys.modules, "slime.backends.megatron_utils.model_provider", model_provider)
+    monkeypatch.setitem(sys.modules, "slime.backends.megatron_utils.model", model)
     monkeypatch.setitem(sys.modules, "megatron.training", training)
     sys.modules["slime.backends.megatron_utils"].actor = actor
-    return SimpleNamespace(actor=actor, model_provider=model_provider, training=training)
+    sys.modules["slime.backends.megatron_utils"].model = model
+    return SimpleNamespace(actor=actor, model_provider=model_provider, training=training, model=model)
 
 
 def test_check_args_fills_the_trainable_list():
@@ -107,3 +116,31 @@ def test_model_provider_wraps_slimes_default_model(fake_slime, tp1, tiny_shape):
     assert {n for n, p in model.named_parameters() if p.requires_grad} == {
         n for n, _ in model.named_parameters() if ".lora_" in n
     }
+
+
+def test_init_hook_saves_and_resumes_the_adapter_only(fake_slime, tp1, tiny_shape, tmp_path):
+    """slime's save(...) -> save_checkpoint(iteration, model, optimizer, scheduler, **megatron_kwargs);
+    initialize_model_and_optimizer -> load_checkpoint(model, optimizer, scheduler, context, skip)."""
+    from aclarena_slime.lora import LoraConfig, inject_lora
+    from aclarena_slime.lora.checkpoint import adapter_checkpoint_root, latest_iteration
+    from aclarena_slime.lora.layers import randomize_adapters
+    from aclarena_slime.lora.megatron_train import megatron_training_on_cpu
+
+    provider_module.megatron_init(_args(save=str(tmp_path)))
+    model = build_tiny_gpt(tiny_shape)
+    inject_lora(model, LoraConfig(rank=2, alpha=2))
+    randomize_adapters(model, seed=3)
+    trained = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_" in n}
+    with megatron_training_on_cpu():  # dist-checkpointing synchronises the device
+        fake_slime.model.save_checkpoint(
+            7, [model], None, None, num_floating_point_operations_so_far=0, checkpointing_context=None
+        )
+    assert latest_iteration(adapter_checkpoint_root(tmp_path)) == 7
+    restarted = build_tiny_gpt(tiny_shape)
+    inject_lora(restarted, LoraConfig(rank=2, alpha=2))
+    assert fake_slime.model.load_checkpoint([restarted], None, None, checkpointing_context={}) == (7, 0)
+    assert len(fake_slime.model.backbone_loads) == 1  # the backbone still comes from --load
+    assert all(torch.equal(p, trained[n]) for n, p in restarted.named_parameters() if ".lora_" in n)
+    provider_module.megatron_init(_args(save=str(tmp_path / "other")))  # idempotent: wraps slime's originals once
+    assert fake_slime.model.load_checkpoint([restarted], None, None) == (0, 0)
+    assert len(fake_slime.model.backbone_loads) == 2

@@ -150,3 +150,37 @@ async def test_a_failed_load_is_not_retried(tmp_path):
             await sync_adapter([url], "math", TENSORS, CONFIG, sync_dir=str(tmp_path))
     assert fake.calls.count("load_lora_adapter") == 1
     assert fake.calls[-1] == "continue_generation"
+
+
+async def test_pause_mode_reaches_sglang_explicitly(tmp_path):
+    """SGLang 0.5.15 reads an empty /pause_generation body as ``abort``: the mode is always sent."""
+    from aclarena_slime.testing.fake_sglang import FakeSGLang as Engine
+
+    async with Engine(None, []) as engine:
+        await sync_adapter([engine.url], "math", TENSORS, CONFIG, sync_dir=str(tmp_path), pause_mode="retract")
+        await sync_adapter([engine.url], "math", TENSORS, CONFIG, sync_dir=str(tmp_path))
+    assert engine.pause_modes == ["retract", "abort"]
+    assert not engine.paused and engine.adapters == {"math": str(tmp_path / "math")}
+
+
+@pytest.mark.parametrize(
+    "body, status, mode",
+    [
+        ({}, 200, "abort"),
+        ({"mode": "retract", "rid": None}, 200, "retract"),
+        ({"mode": "drain"}, 422, None),
+        ([], 422, None),
+    ],
+)
+async def test_fake_engine_validates_pause_bodies_like_sglang(body, status, mode):
+    import aiohttp
+
+    from aclarena_slime.testing.fake_sglang import FakeSGLang as Engine
+
+    async with Engine(None, []) as engine, aiohttp.ClientSession() as session:
+        async with session.post(f"{engine.url}/pause_generation", json=body) as answer:
+            assert answer.status == status
+        async with session.post(f"{engine.url}/continue_generation", json={"torch_empty_cache": "yes"}) as answer:
+            assert answer.status == 422
+    assert engine.pause_modes == ([mode] if mode else [])
+    assert engine.paused == (mode is not None)

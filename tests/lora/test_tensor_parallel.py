@@ -1,5 +1,6 @@
 """TP=1 and TP=2 (two gloo processes on CPU) give the same logits, the same exported adapter, the
-same adapter after a training step, and a TP=2 checkpoint resumes into TP=1 with the adapter."""
+same adapter after a training step (also gathered from a CPU copy, as the updater does), and TP=2
+checkpoints (full, and adapter-only) resume into TP=1 with the adapter."""
 
 from __future__ import annotations
 
@@ -45,12 +46,14 @@ def test_same_logits(tp_runs):
         torch.testing.assert_close(result["logits"], tp1["logits"], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("which", ["peft", "peft_after_step"])
+@pytest.mark.parametrize("which", ["peft", "peft_after_step", "peft_from_copy"])
 def test_same_exported_adapter(tp_runs, which):
+    """``peft_from_copy``: the updater's gather from slime's CPU copy, with the live adapter NaN."""
     _, tp1, ranks = tp_runs
+    expected = tp1["peft_after_step" if which == "peft_from_copy" else which]
     for result in ranks:
-        assert result[which].keys() == tp1[which].keys()
-        for key, tensor in tp1[which].items():
+        assert result[which].keys() == expected.keys()
+        for key, tensor in expected.items():
             torch.testing.assert_close(result[which][key], tensor, atol=1e-6, rtol=1e-5, msg=key)
     changed = any(not torch.equal(tp1["peft"][k], tp1["peft_after_step"][k]) for k in tp1["peft"])
     assert changed, "the training step did not move the adapter"
@@ -79,5 +82,20 @@ def test_tp2_checkpoint_resumes_at_tp1(tp_runs):
 
         resumed = to_peft_state_dict(gather_adapter(model), AttentionShape.from_megatron(model.config))
         assert next(lora_modules(model)).lora_B.weight.abs().sum() > 0
+    for key, tensor in tp1["peft_after_step"].items():
+        torch.testing.assert_close(resumed[key], tensor, atol=1e-6, rtol=1e-5, msg=key)
+
+
+def test_tp2_adapter_only_checkpoint_resumes_at_tp1(tp_runs):
+    from aclarena_slime.lora.checkpoint import load_adapter_checkpoint
+    from aclarena_slime.lora.export import AttentionShape, gather_adapter, to_peft_state_dict
+
+    workdir, tp1, _ = tp_runs
+    with model_parallel():
+        model = build_tiny_gpt(tp_worker.SHAPE, seed=0)
+        inject_lora(model, LoraConfig(rank=4, alpha=8))
+        with tp_worker.no_cuda_sync():
+            assert load_adapter_checkpoint(workdir / "adapter_ckpt_tp2", [model], None) == 5
+        resumed = to_peft_state_dict(gather_adapter(model), AttentionShape.from_megatron(model.config))
     for key, tensor in tp1["peft_after_step"].items():
         torch.testing.assert_close(resumed[key], tensor, atol=1e-6, rtol=1e-5, msg=key)

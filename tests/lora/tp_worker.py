@@ -1,6 +1,7 @@
 """One tensor-parallel rank of the TP=2 test, run as its own process (gloo on CPU).
 
-argv: RANK SIZE PORT WORKDIR. Reads WORKDIR/backbone.pt (a TP=1 state dict), writes WORKDIR/rank<R>.pt.
+argv: RANK SIZE PORT WORKDIR. Reads WORKDIR/backbone.pt (a TP=1 state dict), writes WORKDIR/rank<R>.pt,
+a full dist-checkpoint and an adapter-only checkpoint (``aclarena_slime.lora.checkpoint``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from unittest import mock
 import torch
 
 from aclarena_slime.lora import LoraConfig, export_peft, inject_lora
-from aclarena_slime.lora.layers import randomize_adapters
+from aclarena_slime.lora.checkpoint import save_adapter_checkpoint
+from aclarena_slime.lora.export import AttentionShape, gather_adapter, to_peft_state_dict
+from aclarena_slime.lora.layers import lora_modules, randomize_adapters
 from aclarena_slime.lora.selftest import TinyQwen3, build_tiny_gpt, megatron_logits, megatron_on_cpu, model_parallel
 from aclarena_slime.lora.tp_layout import backbone_layout, shard
 
@@ -58,7 +61,19 @@ def main(rank: int, size: int, port: int, workdir: Path) -> None:
         torch.distributed.barrier()
         with no_cuda_sync():
             dist_checkpointing.save(model.sharded_state_dict(), str(ckpt))
+            save_adapter_checkpoint(workdir / f"adapter_ckpt_tp{size}", 5, [model], None)
+        result["peft_from_copy"] = from_copy_after_poison(model)
     torch.save(result, workdir / f"rank{rank}.pt")
+
+
+def from_copy_after_poison(model) -> dict:
+    """The updater's path: this rank's CPU copy (slime's names), gathered over TP, the live adapter NaN."""
+    copy = {f"module.module.{n}": p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for module in lora_modules(model):
+            module.lora_A.weight.fill_(float("nan"))
+            module.lora_B.weight.fill_(float("nan"))
+    return to_peft_state_dict(gather_adapter(model, copy), AttentionShape.from_megatron(model.config))
 
 
 if __name__ == "__main__":
