@@ -35,8 +35,7 @@ def routable(monkeypatch):
 
 
 def load(name: str, tmp: Path, *overrides: str):
-    extra = ["+service@services.user_sim=user_sim"] if name == "mle_retail_with_user" else []
-    return load_recipe(REPO / f"recipes/{name}.yaml", [f"paths.root={tmp}", *extra, *overrides])
+    return load_recipe(REPO / f"recipes/{name}.yaml", [f"paths.root={tmp}", *overrides])
 
 
 # --- defect 1: the head's address -------------------------------------------------------------------------
