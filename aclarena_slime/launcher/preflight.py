@@ -74,26 +74,31 @@ def check_versions(installed: Callable[[str | None, str], tuple[bool, str | None
     return out
 
 
-def installed_parser() -> argparse.ArgumentParser:
-    """slime's own command line as the installed slime, Megatron-LM and SGLang define it (ImportError without them)."""
+def installed_parsers() -> list[argparse.ArgumentParser]:
+    """slime's command line as the installed slime, Megatron-LM and SGLang define it (ImportError without them):
+    Megatron's parser with slime's arguments, and slime's separate ``--sglang-*`` parser
+    (slime/utils/arguments.py ``parse_args``)."""
     from megatron.training.arguments import add_megatron_arguments
+    from slime.backends.sglang_utils.arguments import add_sglang_arguments
     from slime.utils.arguments import get_slime_extra_args_provider
 
-    parser = argparse.ArgumentParser(allow_abbrev=False, conflict_handler="resolve")
-    add_megatron_arguments(parser)
-    get_slime_extra_args_provider()(parser)
-    return parser
+    main = argparse.ArgumentParser(allow_abbrev=False, conflict_handler="resolve")
+    add_megatron_arguments(main)
+    get_slime_extra_args_provider()(main)
+    sglang = argparse.ArgumentParser(allow_abbrev=False, conflict_handler="resolve")
+    add_sglang_arguments(sglang)
+    return [main, sglang]
 
 
-def check_flags(argv: list[str], build: Callable[[], argparse.ArgumentParser] = installed_parser) -> list[Check]:
+def check_flags(argv: list[str], build: Callable[[], list[argparse.ArgumentParser]] = installed_parsers) -> list[Check]:
     """Every flag of the compiled command known to the installed parsers (Megatron drops unknown ones silently)."""
     try:
-        parser = build()
+        parsers = build()
     except ImportError as exc:
         return [Check("flags", "fail", f"not installed: cannot build slime's parser ({exc})",
                       "run doctor where slime, Megatron-LM and SGLang import (slime's image)")]  # fmt: skip
     # slime pre-parses these before building the parser (slime/utils/arguments.py _pre_parse_mode).
-    known = {opt for action in parser._actions for opt in action.option_strings}
+    known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
     known |= {"--train-backend", "--debug-rollout-only", "--debug-train-only", "--load-debug-rollout-data"}
     flags = [arg for arg in argv if arg.startswith("--")]
     unknown = [flag for flag in flags if flag not in known]

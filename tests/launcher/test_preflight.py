@@ -43,11 +43,11 @@ def test_versions_missing_fails_other_version_warns():
     assert statuses(checks)["version torch"] == statuses(checks)["version TransformerEngine"] == "ok"
 
 
-def _parser(*flags: str) -> argparse.ArgumentParser:
+def _parser(*flags: str) -> list[argparse.ArgumentParser]:
     parser = argparse.ArgumentParser()
     for flag in flags:
         parser.add_argument(flag)
-    return parser
+    return [parser]
 
 
 def test_flags_against_the_installed_parser():
@@ -58,7 +58,7 @@ def test_flags_against_the_installed_parser():
     deprecated = preflight.check_flags(argv, lambda: _parser("--lr", "--sglang-cuda-graph-bs"))[0]
     assert deprecated.status == "fail" and "--sglang-cuda-graph-bs-decode" in deprecated.fix
 
-    def missing() -> argparse.ArgumentParser:
+    def missing() -> list[argparse.ArgumentParser]:
         raise ModuleNotFoundError("No module named 'megatron.training'")
 
     absent = preflight.check_flags(argv, missing)[0]
