@@ -109,6 +109,14 @@ def check_flags(argv: list[str], build: Callable[[], list[argparse.ArgumentParse
     if deprecated:
         return [Check("flags", "fail", f"deprecated: {', '.join(deprecated)}",
                       "; ".join(f"{f} -> {DEPRECATED_SGLANG_FLAGS[f]}" for f in deprecated))]  # fmt: skip
+    for parser in parsers:  # values too: a wrong type or choice fails here, not after the job started
+        parser.exit_on_error = False
+        try:
+            parser.parse_known_args(argv)
+        except argparse.ArgumentError as exc:
+            return [Check("flags", "fail", f"the installed parser rejects a value: {exc}", "fix the recipe's value")]
+        except SystemExit:  # errors argparse reports itself (on stderr, above)
+            return [Check("flags", "fail", "the installed parser rejects the command (see stderr)", "fix the recipe")]
     return [Check("flags", "ok", f"{len(flags)} flags known to the installed slime / Megatron-LM / SGLang")]
 
 

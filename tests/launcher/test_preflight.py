@@ -61,6 +61,11 @@ def test_flags_against_the_installed_parser():
     def missing() -> list[argparse.ArgumentParser]:
         raise ModuleNotFoundError("No module named 'megatron.training'")
 
+    typed = argparse.ArgumentParser()
+    typed.add_argument("--lr", type=float)
+    wrong = preflight.check_flags(["--lr", "fast"], lambda: [typed])[0]
+    assert wrong.status == "fail" and "--lr" in wrong.detail
+
     absent = preflight.check_flags(argv, missing)[0]
     assert absent.status == "fail" and "not installed" in absent.detail
 
