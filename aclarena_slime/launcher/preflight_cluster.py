@@ -18,9 +18,11 @@ from aclarena_slime.recipes.schema import StageRecipe
 
 
 def probe_url(url: str, timeout_s: float = 5.0) -> str | None:
-    """None when ``url`` answers (any status below 500); otherwise why not. Runs on each node."""
+    """None when ``url`` answers (any status below 500); otherwise why not. Runs on each node, directly:
+    the job's no_proxy (compiler.runtime_env) keeps the rollout's own calls off any proxy too."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - the recipe's service URL
+        with direct.open(url, timeout=timeout_s) as resp:
             return None if resp.status < 500 else f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return None if exc.code < 500 else f"HTTP {exc.code}"

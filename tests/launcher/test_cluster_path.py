@@ -7,6 +7,7 @@ Issue 15, defects 1, 2, 3, 5 (compile side), 8 and 10 (compile side); each test 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,29 @@ def test_a_deprecated_sglang_alias_is_refused_with_its_replacement(tmp_path: Pat
         compile_recipe(recipe)
     for replacement in DEPRECATED_SGLANG_FLAGS.values():
         assert replacement.split()[0] in known_flags()
+
+
+def test_service_probes_never_go_through_a_proxy(tmp_path: Path):
+    """The launcher's readiness poll and the doctor's per-node probe talk to the head directly."""
+    from aclarena_slime.launcher.services import start_service, stop_service
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    service = SimpleNamespace(
+        command=[sys.executable, "-m", "http.server", "{port}", "--bind", "{host}"],
+        host="127.0.0.1", port=port, ready_path="/", ready_timeout_s=30.0, url=f"http://127.0.0.1:{port}",
+    )  # fmt: skip
+    running = start_service("files", service, tmp_path, poll_s=0.1)
+    code = (
+        "import sys; from aclarena_slime.launcher.services import is_ready; "
+        "from aclarena_slime.launcher.preflight_cluster import probe_url; "
+        "print(is_ready(sys.argv[1]), probe_url(sys.argv[1]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy")}
+    env["http_proxy"] = "http://127.0.0.1:9"  # nothing listens there; urllib reads it when a process starts
+    try:
+        done = subprocess.run([sys.executable, "-c", code, service.url + "/"], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        stop_service(running)
+    assert done.stdout.split() == ["True", "None"], done.stderr
