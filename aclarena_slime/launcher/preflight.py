@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import importlib.metadata
 import json
+import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ SUPPORTED = {
     "torch": ("torch", "torch", "2.11", "use slime's image (torch 2.11, CUDA)"),
 }  # fmt: skip
 STATUSES = ("ok", "warn", "fail")
+# The commits slime's image builds from (slime docker/Dockerfile at 624b824; notes/slime.md).
+SUPPORTED_COMMITS = {"slime": "624b824", "megatron": "1dcf0daf"}
 
 
 @dataclass
@@ -71,6 +74,33 @@ def check_versions(installed: Callable[[str | None, str], tuple[bool, str | None
             out.append(Check(f"version {name}", "warn", f"{version}; supported {want}.x", how))
         else:
             out.append(Check(f"version {name}", "ok", version or "importable"))
+    return out
+
+
+def _git_head(folder: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def check_paths(recipe: StageRecipe) -> list[Check]:
+    """The job runs ``python3 <paths.slime>/train.py`` with ``<paths.megatron>`` on PYTHONPATH: both must be
+    there, at the commits slime's image builds from (a warning otherwise)."""
+    out = []
+    for name, folder, inside in (("slime", recipe.paths.slime, "train.py"), ("megatron", recipe.paths.megatron, "megatron/training")):
+        path = Path(folder)
+        if not (path / inside).exists():
+            out.append(Check(f"paths.{name}", "fail", f"{path / inside} does not exist", f"paths.{name}=WHERE_IT_IS"))
+            continue
+        head, want = _git_head(path), SUPPORTED_COMMITS[name]
+        if head is None:
+            out.append(Check(f"paths.{name}", "ok", f"{folder} (not a git checkout: commit unknown)"))
+        elif head.startswith(want):
+            out.append(Check(f"paths.{name}", "ok", f"{folder} at {head[:12]}"))
+        else:
+            out.append(Check(f"paths.{name}", "warn", f"{folder} at {head[:12]}; supported {want}", "use slime's image"))
     return out
 
 
@@ -265,7 +295,7 @@ def recipe_checks(recipe: StageRecipe, command: SlimeCommand) -> list[Check]:
     """Everything that needs no Ray cluster."""
     argv = command.train_args
     return [
-        *check_versions(), *check_flags(argv), *check_hooks(argv), *check_addresses(recipe),
+        *check_versions(), *check_paths(recipe), *check_flags(argv), *check_hooks(argv), *check_addresses(recipe),
         *check_checkpoint(recipe), *check_tokenizer(recipe), *check_data(recipe), *check_lora(recipe, argv),
     ]  # fmt: skip
 

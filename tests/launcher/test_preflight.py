@@ -220,3 +220,19 @@ def test_stage_sh_preflight_runs_the_doctor(tmp_path: Path):
     assert done.returncode == 1, done.stderr
     assert "[fail] data.prompt_data" in done.stdout and "checks:" in done.stdout
     assert not (tmp_path / "runs").exists()  # a pre-flight starts nothing and writes nothing
+
+
+def test_slime_and_megatron_checkouts(tmp_path: Path, routable):
+    slime, megatron = tmp_path / "slime", tmp_path / "Megatron-LM"
+    recipe = load("stage1_math", tmp_path, f"paths.slime={slime}", f"paths.megatron={megatron}")
+    missing = {c.name: c for c in preflight.check_paths(recipe)}
+    assert missing["paths.slime"].status == "fail" and "train.py" in missing["paths.slime"].detail
+    (megatron / "megatron" / "training").mkdir(parents=True)
+    slime.mkdir()
+    (slime / "train.py").write_text("")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(slime)], check=True)
+    subprocess.run([*git, "-C", str(slime), "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    checks = {c.name: c for c in preflight.check_paths(recipe)}
+    assert checks["paths.megatron"].status == "ok" and "commit unknown" in checks["paths.megatron"].detail
+    assert checks["paths.slime"].status == "warn" and "624b824" in checks["paths.slime"].detail
