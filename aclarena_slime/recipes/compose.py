@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from aclarena_slime.launcher import addresses
 from aclarena_slime.recipes.schema import BACKENDS, KINDS, StageRecipe
 
 GROUPS = ("paths", "model", "cluster", "algorithm", "lora", "data", "env", "service")
@@ -57,6 +58,7 @@ def to_recipe(composed: DictConfig, source: str = "<recipe>") -> StageRecipe:
     try:
         schema = OmegaConf.structured(StageRecipe)
         merged = OmegaConf.merge(schema, composed)
+        _resolve_addresses(merged, source)
         OmegaConf.resolve(merged)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
@@ -66,6 +68,19 @@ def to_recipe(composed: DictConfig, source: str = "<recipe>") -> StageRecipe:
         raise RecipeError(f"{source}: {_first_line(exc)}") from exc
     _check_choices(recipe, source)
     return recipe
+
+
+def _resolve_addresses(merged: DictConfig, source: str) -> None:
+    """Fill ``cluster.ray.address`` and the services' hosts before the URLs built from them are resolved."""
+    multi_node = addresses.nodes_needed(merged.cluster) > 1
+    try:
+        address, _ = addresses.resolve_head_address(merged.cluster.ray.address, multi_node, addresses.routable_ip)
+    except addresses.AddressError as exc:
+        raise RecipeError(f"{source}: {exc}") from exc
+    merged.cluster.ray.address = address  # None: several nodes, none found; the launch refuses it then
+    for service in merged.services.values():
+        if service.host is None:
+            service.host = address or addresses.LOOPBACK
 
 
 def _check_choices(recipe: StageRecipe, source: str) -> None:

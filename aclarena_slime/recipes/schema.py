@@ -38,7 +38,10 @@ class ModelConfig:
 
 @dataclass
 class RayConfig:
-    address: str = "127.0.0.1"  # the head node as seen from this node
+    # The head's address, which every node and slime's training ranks use (Ray's node IP is slime's master
+    # address). null: loopback on one node; on several nodes this machine's routable address
+    # (aclarena_slime.launcher.addresses); a loopback address on several nodes is refused.
+    address: str | None = None
     port: int = 6379
     dashboard_port: int = 8265
     temp_dir: str | None = None
@@ -57,6 +60,9 @@ class ClusterConfig:
     perf: dict[str, Any] = field(default_factory=dict)  # parallelism / memory flags
     sglang: dict[str, Any] = field(default_factory=dict)  # --sglang-<key> flags
     env_vars: dict[str, str] = field(default_factory=dict)  # into the Ray job's runtime env
+    # Further hosts / subnets the job reaches without a proxy (e.g. the nodes' 10.0.0.0/8); the head, the
+    # services and loopback are always in the job's no_proxy.
+    no_proxy: list[str] = field(default_factory=list)
     ray: RayConfig = field(default_factory=RayConfig)
     local: dict[str, Any] = field(default_factory=dict)  # LocalStageConfig settings (backend local)
 
@@ -100,13 +106,15 @@ class LoraSection:
 
 @dataclass
 class ServiceConfig:
-    """A process the stage needs beside slime, started by the launcher (loopback by default).
+    """A process the stage needs beside slime, started by the launcher on the head node.
 
     ``command`` may use ``{host}`` and ``{port}``; ``ready_path`` is polled with GET until it answers.
+    ``host`` null means the Ray head's address (loopback on one node, the routable address on several, so
+    the RolloutManager reaches it from whichever node Ray placed it on).
     """
 
     command: list[str] = MISSING
-    host: str = "127.0.0.1"
+    host: str | None = None
     port: int = MISSING
     ready_path: str = "/health"
     ready_timeout_s: float = 1800.0

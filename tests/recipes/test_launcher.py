@@ -36,7 +36,7 @@ def test_stage_sh_dry_run_prints_the_full_command(tmp_path: Path):
     env = {**os.environ, "ACLARENA_PYTHON": sys.executable}
     done = subprocess.run(
         ["bash", str(REPO / "launch" / "stage.sh"), "recipes/stage2_search.yaml", "--dry-run",
-         f"paths.root={tmp_path}", "algorithm.lr=5e-6"],
+         f"paths.root={tmp_path}", "algorithm.lr=5e-6", "cluster.ray.address=10.1.2.3"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -45,7 +45,9 @@ def test_stage_sh_dry_run_prints_the_full_command(tmp_path: Path):
     assert "ray job submit" in out and "/train.py" in out
     assert "--custom-generate-function-path aclarena_slime.rollout.generate" in out
     assert "--lr 5e-06" in out
-    assert "service retriever at http://127.0.0.1:8000" in out
+    assert "service retriever at http://10.1.2.3:8000" in out  # two nodes: on the head's address
+    assert "# ray head address: 10.1.2.3 (2 nodes; on each other node: bash launch/join.sh 10.1.2.3" in out
+    assert "--address=http://10.1.2.3:8265" in out
     command = out[out.index("ray job submit") : out.index("# local backend") if "# local backend" in out else None]
     flags = {token for token in command.replace("\\\n", " ").split() if token.startswith("--") and "=" not in token}
     assert flags - {"--"} <= known_flags()

@@ -96,7 +96,8 @@ def test_eval_suites_parse(path: Path):
     assert load_suite(path).datasets
 
 
-def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path):
+def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("aclarena_slime.launcher.addresses.routable_ip", lambda: "10.9.8.7")
     recipe, command = compiled("stage2_search", tmp=tmp_path)
     argv = command.train_args
     assert flag_value(argv, "--custom-rm-path") == ["aclarena_slime.rollout.reward"]
@@ -107,7 +108,7 @@ def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path):
     assert (
         command.custom_config["aclarena_env_config"]["search"]["retriever_url"]
         == retriever.url + "/retrieve"
-        == "http://127.0.0.1:8000/retrieve"
+        == "http://10.9.8.7:8000/retrieve"  # two nodes: the head's address, reachable from the rollout's node
     )
 
 

@@ -1,0 +1,149 @@
+"""Pre-flight checks that need the Ray cluster: nodes and GPUs against the recipe, and, from a Ray task
+on every node, the services and the LoRA sync folder (what slime's actors will need wherever Ray
+places them)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aclarena_slime.launcher.addresses import nodes_needed
+from aclarena_slime.launcher.preflight import Check
+from aclarena_slime.recipes.schema import StageRecipe
+
+
+def probe_url(url: str, timeout_s: float = 5.0) -> str | None:
+    """None when ``url`` answers (any status below 500); otherwise why not. Runs on each node, directly:
+    the job's no_proxy (compiler.runtime_env) keeps the rollout's own calls off any proxy too."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with direct.open(url, timeout=timeout_s) as resp:
+            return None if resp.status < 500 else f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return None if exc.code < 500 else f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        return str(getattr(exc, "reason", exc))
+
+
+def probe_folder(folder: str, token: str) -> str | None:
+    """None when ``folder`` holds the head's ``token`` file and this node can write beside it. Runs on each node."""
+    path = Path(folder)
+    try:
+        if (path / f".aclarena-doctor-{token}").read_text() != token:
+            return "the head's test file has other contents"
+        mine = path / f".aclarena-doctor-{token}-{socket.gethostname()}-{os.getpid()}"
+        mine.write_text(token)
+        mine.unlink()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _on_every_node(ray: Any, fn: Any, *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` once on each alive node (pinned by node id), by node address."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0)(fn)
+    refs = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
+            refs[node["NodeManagerAddress"]] = remote.options(scheduling_strategy=strategy).remote(*args)
+    return {address: ray.get(ref, timeout=120) for address, ref in refs.items()}
+
+
+def check_nodes(ray: Any, recipe: StageRecipe) -> list[Check]:
+    cluster = recipe.cluster
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    want_nodes = nodes_needed(cluster)
+    gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
+    want_gpus = cluster.actor_num_nodes * cluster.actor_num_gpus_per_node + (
+        0 if cluster.colocate else cluster.rollout_num_gpus or 0
+    )
+    join = f"on each missing node: bash launch/join.sh {cluster.ray.address} --port {cluster.ray.port}"
+    return [
+        Check("ray nodes", "ok" if len(nodes) >= want_nodes else "fail",
+              f"{len(nodes)} alive, the recipe needs {want_nodes}", "" if len(nodes) >= want_nodes else join),
+        Check("ray GPUs", "ok" if gpus >= want_gpus else "fail", f"{gpus:g} in the cluster, the recipe needs {want_gpus}",
+              "" if gpus >= want_gpus else f"{join} (each offering {cluster.num_gpus_per_node} GPUs)"),
+    ]  # fmt: skip
+
+
+def check_services(ray: Any, recipe: StageRecipe) -> list[Check]:
+    out = []
+    for name, service in recipe.services.items():
+        url = service.url.rstrip("/") + service.ready_path
+        answers = _on_every_node(ray, probe_url, url)
+        bad = {node: why for node, why in answers.items() if why is not None}
+        if not bad:
+            out.append(Check(f"service {name}", "ok", f"{url} answers from {len(answers)} node(s)"))
+        else:
+            where = "; ".join(f"{node}: {why}" for node, why in sorted(bad.items()))
+            out.append(Check(f"service {name}", "fail", f"{url} not reachable from {where}",
+                             f"start it (launch/stage.sh does, on {service.host}) and open port {service.port} to the nodes"))  # fmt: skip
+    return out
+
+
+def check_sync_dir(ray: Any, sync_dir: str) -> list[Check]:
+    """The LoRA sync folder: writable here and the same folder (a shared filesystem) on every node."""
+    token = uuid.uuid4().hex
+    path = Path(sync_dir)
+    probe = path / f".aclarena-doctor-{token}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+    except OSError as exc:
+        return [Check("lora sync_dir", "fail", f"{sync_dir} not writable here: {exc}", "lora.sync_dir=A_WRITABLE_SHARED_FOLDER")]
+    try:
+        answers = _on_every_node(ray, probe_folder, sync_dir, token)
+    finally:
+        probe.unlink(missing_ok=True)
+    bad = {node: why for node, why in answers.items() if why is not None}
+    if bad:
+        where = "; ".join(f"{node}: {why}" for node, why in sorted(bad.items()))
+        return [Check("lora sync_dir", "fail", f"{sync_dir} not shared: {where}",
+                      "lora.sync_dir=A_FOLDER_ON_A_FILESYSTEM_EVERY_NODE_MOUNTS")]  # fmt: skip
+    return [Check("lora sync_dir", "ok", f"{sync_dir} writable and visible from {len(answers)} node(s)")]
+
+
+def check_proxy(ray: Any, no_proxy: str) -> list[Check]:
+    """With a proxy configured, every node's address must bypass it (SGLang engines and the router live there)."""
+    if not (os.environ.get("http_proxy") or os.environ.get("HTTP_PROXY")):
+        return [Check("no_proxy", "ok", "no HTTP proxy configured")]
+    entries = {item.strip() for item in no_proxy.split(",")}
+    missing = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive") and n["NodeManagerAddress"] not in entries]
+    if missing:
+        return [Check("no_proxy", "warn", f"an HTTP proxy is set and no_proxy lacks {', '.join(missing)}",
+                      "cluster.no_proxy=[the nodes' subnet, e.g. 10.0.0.0/8]")]  # fmt: skip
+    return [Check("no_proxy", "ok", "every node bypasses the proxy")]
+
+
+def cluster_checks(recipe: StageRecipe, runtime_env: dict[str, Any], connect: Any = None) -> list[Check]:
+    """Connect to the recipe's Ray head and run the per-node checks; ``connect`` returns the ``ray`` module."""
+    try:
+        ray = connect() if connect else _connect(recipe)
+    except Exception as exc:  # noqa: BLE001 - not installed, or no head there
+        address = f"{recipe.cluster.ray.address}:{recipe.cluster.ray.port}"
+        return [Check("ray cluster", "fail", f"no Ray head at {address}: {type(exc).__name__}: {exc}",
+                      "start the head (launch/stage.sh starts it; or ray start --head --node-ip-address="
+                      f"{recipe.cluster.ray.address}) and join the other nodes first")]  # fmt: skip
+    out = [Check("ray cluster", "ok", f"connected to {recipe.cluster.ray.address}:{recipe.cluster.ray.port}")]
+    out += check_nodes(ray, recipe)
+    out += check_services(ray, recipe)
+    if recipe.lora.enabled and recipe.lora.sync_mode == "disk":
+        out += check_sync_dir(ray, recipe.lora.sync_dir or f"{recipe.checkpoint.save}/adapters")
+    out += check_proxy(ray, runtime_env.get("env_vars", {}).get("no_proxy", ""))
+    return out
+
+
+def _connect(recipe: StageRecipe) -> Any:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=f"{recipe.cluster.ray.address}:{recipe.cluster.ray.port}", log_to_driver=False)
+    return ray
