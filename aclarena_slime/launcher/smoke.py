@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -250,7 +251,7 @@ class RayHead:
     temp_dir: Path
     dashboard: str
     log_path: Path
-    auth_env: dict[str, str]  # Ray's token auth with this head's own token (not ~/.ray's)
+    auth_env: dict[str, str]  # this head's own auth token (not ~/.ray's), loopback addresses
 
     @classmethod
     def start(cls, python: str, work: Path, env: dict[str, str], rng: random.Random) -> RayHead:
@@ -270,7 +271,13 @@ class RayHead:
         token = temp_dir / "auth_token"
         token.write_text(secrets.token_hex(32), encoding="utf-8")
         token.chmod(0o600)
-        auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        # Ray 2.60 swaps a loopback node IP for the first interface's address unless told this is a
+        # single-machine cluster; then every address it hands out is 127.0.0.1.
+        auth_env = {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        }
         print(f"[smoke] Ray head: {' '.join(argv[1:])}", file=sys.stderr)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**env, **auth_env},
@@ -343,7 +350,9 @@ def _alive(pid: int) -> bool:
 def job_env(recipe_env: dict[str, str]) -> dict[str, str]:
     """The job's environment: the recipe's runtime env plus the bootstrap (and the torchvision stand-in)."""
     env = dict(recipe_env)
-    path = [p for p in env.get("PYTHONPATH", "").split(":") if p and Path(p).exists()]
+    inherited = os.environ.get("PYTHONPATH", "").split(":")  # what the caller's interpreter sees, the job sees
+    path = [p for p in [*env.get("PYTHONPATH", "").split(":"), *inherited] if p and Path(p).exists()]
+    path = list(dict.fromkeys(path))
     if not _imports("torchvision.io"):
         path.append(str(STANDINS))
     env["PYTHONPATH"] = ":".join(path)
@@ -365,23 +374,35 @@ def submit(python: str, head: RayHead, env: dict[str, str], argv: list[str], log
         f"--runtime-env-json={json.dumps({'env_vars': env})}", "--", *argv,
     ]  # fmt: skip
     print(f"[smoke] submitting: {' '.join(argv)}", file=sys.stderr)
-    deadline = time.monotonic() + timeout_s
+    expired = threading.Event()
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env={**os.environ, **head.auth_env}, start_new_session=True)  # fmt: skip
+
+        def expire() -> None:  # a job that never ends (or never prints) ends with its head
+            expired.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            head.stop()
+
+        watchdog = threading.Timer(timeout_s, expire)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             assert process.stdout is not None
             for line in process.stdout:
                 log.write(line)
                 sys.stderr.write(line)
-                if time.monotonic() > deadline:
-                    raise SmokeError(f"the job ran past {timeout_s:.0f}s; see {log_path}")
-            return process.wait()
+            status = process.wait()
         finally:
+            watchdog.cancel()
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGTERM)
                 process.wait()
+    if expired.is_set():
+        raise SmokeError(f"the job ran past {timeout_s:.0f}s (--smoke-timeout) and was stopped; see {log_path}")
+    return status
 
 
 # --- the run -------------------------------------------------------------------------------------------
@@ -452,12 +473,13 @@ def run_smoke(settings: SmokeSettings) -> int:
         head_env = {**os.environ, **env}
         head = RayHead.start(python, work, head_env, rng)
         stack.append(head)
+        engine_offset = engine_run.log_path.stat().st_size  # what came before is the launcher's own polling
         status = submit(python, head, env, [python, str(script), *argv], work / "job.log",
                         settings.timeout_s)  # fmt: skip
     report = smoke_report.build_report(
         dump=dump,
         job_log=work / "job.log",
-        engine_log=engine_run.log_path,
+        engine_log=(engine_run.log_path, engine_offset),
         settings={"rollouts": ROLLOUTS, "prompts": PROMPTS, "samples": SAMPLES, "max_response_len": MAX_RESPONSE_LEN},
         job_status=status,
         seconds=time.monotonic() - started,

@@ -128,7 +128,7 @@ def build_report(
     *,
     dump: Path,
     job_log: Path,
-    engine_log: Path | None,
+    engine_log: tuple[Path, int] | None,
     settings: dict[str, Any],
     job_status: int,
     seconds: float,
@@ -138,7 +138,11 @@ def build_report(
     dumps = read_dumps(dump) if dump.is_dir() else {"train": [], "eval": []}
     phases = {phase: phase_figures(samples) for phase, samples in dumps.items()}
     log_text = job_log.read_text(encoding="utf-8", errors="replace") if job_log.is_file() else ""
-    engine_text = engine_log.read_text(encoding="utf-8", errors="replace") if engine_log and engine_log.is_file() else ""
+    engine_text = ""
+    if engine_log is not None and engine_log[0].is_file():
+        with open(engine_log[0], "rb") as log:  # from the offset where slime's job began
+            log.seek(engine_log[1])
+            engine_text = log.read().decode("utf-8", errors="replace")
     report: dict[str, Any] = {
         "job_status": job_status,
         "seconds": round(seconds, 1),

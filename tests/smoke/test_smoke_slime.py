@@ -56,7 +56,9 @@ def check_dumped(out: Path, tag: str, with_eval: bool) -> dict[str, list[dict]]:
         groups.setdefault(sample["group_index"], []).append(sample)
     assert sorted(len(g) for g in groups.values()) == [smoke.SAMPLES] * (smoke.ROLLOUTS * smoke.PROMPTS)
     if with_eval:
-        assert len(dumps["eval"]) == smoke.ROLLOUTS * smoke.EVAL_PROMPTS  # an eval after every rollout
+        # slime evaluates before training and after every rollout; it saves eval_{rollout_id}.pt, so the
+        # eval before training and the one after rollout 0 share a file: one file per rollout id.
+        assert len(dumps["eval"]) == smoke.ROLLOUTS * smoke.EVAL_PROMPTS
     return dumps
 
 
@@ -82,9 +84,33 @@ def test_search_stage_with_its_retriever(tmp_path):
     done, report = run_smoke("recipes/stage2_search.yaml", tmp_path / "search")
     check_report(done, report)
     dumps = check_dumped(tmp_path / "search", "search", with_eval=True)
-    assert "[services] retriever: ready" in done.stderr
+    assert "[services] retriever: ready" in done.stdout + done.stderr
     # The env reached the retriever the smoke started: its log shows the queries that came in.
     retriever_log = (tmp_path / "search" / "retriever.log").read_text()
     searched = [s for s in dumps["train"] + dumps["eval"] if len(s["metadata"]["aclarena"]["turns"]) > 1]
     if searched:  # a tiny random model rarely writes a well-formed tool call; when it does, it was served
         assert "/retrieve" in retriever_log
+
+
+@pytest.mark.parametrize("bootstrap", [False, True])
+def test_slimes_train_actor_device_lookup_needs_the_bootstrap_on_a_cpu(bootstrap):
+    """What slime's TrainRayActor.__init__ does: without a device it raises; the bootstrap gives a do-nothing one."""
+    import os
+
+    code = (
+        "from slime.utils import accelerator\n"
+        "print(accelerator.resolve_visible_device_id(0), accelerator.device_type(), accelerator.device_count())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MUSA_PATCH_PATH", "SLIME_ACCELERATOR")}
+    if bootstrap:
+        env["MUSA_PATCH_PATH"] = str(smoke.BOOTSTRAP)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if bootstrap:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["0", "musa", "1"]
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU: slime finds a device without the bootstrap")
+        assert done.returncode != 0 and "No usable accelerator" in done.stderr
