@@ -485,11 +485,23 @@ def run_smoke(settings: SmokeSettings) -> int:
         seconds=time.monotonic() - started,
         post_process=_flag_values(argv, "--custom-reward-post-process-path"),
         n_samples_per_prompt=SAMPLES,
+        leftovers=_leftovers(stack),
     )
     (work / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     print(smoke_report.report_text(report))
     print(f"[smoke] report: {work / 'report.json'}", file=sys.stderr)
     return 0 if report["ok"] else 1
+
+
+def _leftovers(started: list[Any]) -> list[int]:
+    """PIDs of anything the smoke started that still runs after it stopped everything (should be none)."""
+    out: list[int] = []
+    for item in started:
+        if isinstance(item, RayHead):
+            out += [pid for pid in item.pids() if _alive(pid)]
+        elif item.process is not None and item.process.poll() is None:
+            out.append(item.process.pid)
+    return out
 
 
 def _local_settings(settings: SmokeSettings) -> dict[str, Any]:

@@ -134,6 +134,7 @@ def build_report(
     seconds: float,
     post_process: list[str] | None,
     n_samples_per_prompt: int,
+    leftovers: list[int] | None = None,
 ) -> dict[str, Any]:
     dumps = read_dumps(dump) if dump.is_dir() else {"train": [], "eval": []}
     phases = {phase: phase_figures(samples) for phase, samples in dumps.items()}
@@ -150,6 +151,7 @@ def build_report(
         "phases": phases,
         "errors_logged": job_errors(log_text),
         "engine_calls": dict(sorted(called_endpoints(engine_text).items())),
+        "still_running_after_stop": list(leftovers or []),
     }
     if post_process and dumps["train"]:
         try:
@@ -162,6 +164,7 @@ def build_report(
         and dumps["train"]
         and not violations
         and not (report.get("post_process") or {}).get("problems")
+        and not report["still_running_after_stop"]
     )
     return report
 
@@ -195,5 +198,7 @@ def report_text(report: dict[str, Any]) -> str:
     errors = report["errors_logged"]
     lines.append(f"  errors slime logged: {len(errors)}" + ("" if not errors else ""))
     lines += [f"      ! {e[:200]}" for e in errors[:10]]
+    leftovers = report.get("still_running_after_stop") or []
+    lines.append("  everything started was stopped" if not leftovers else f"  STILL RUNNING after stop: {leftovers}")
     lines.append("smoke: OK" if report["ok"] else "smoke: FAILED")
     return "\n".join(lines)

@@ -158,3 +158,5 @@ def test_the_report_groups_by_env_and_fails_on_a_violation():
     text = report_text(report)
     assert "train search" in text and "1 VIOLATED" in text and "POST /generate x4" in text
     assert "eval: no samples dumped" in text and text.endswith("smoke: FAILED")
+    assert "everything started was stopped" in text
+    assert "STILL RUNNING after stop: [123]" in report_text({**report, "still_running_after_stop": [123]})

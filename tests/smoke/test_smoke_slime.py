@@ -69,6 +69,7 @@ def check_report(done: subprocess.CompletedProcess, report: dict) -> None:
     # What slime's external-engine mode and our rollout called on the engine.
     assert calls.get("GET /server_info", 0) >= 1 and calls.get("POST /generate", 0) >= 1
     assert report["post_process"]["problems"] == []
+    assert report["still_running_after_stop"] == []  # engine, services, every Ray process: stopped by PID
     assert "smoke: OK" in done.stdout
 
 
