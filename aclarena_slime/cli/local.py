@@ -1,4 +1,8 @@
-"""``aclarena local run-stage --env TAG ...``: one RL stage on the local backend (CPU, no slime)."""
+"""``aclarena local run-stage --env TAG ...``: one RL stage on the local backend (CPU, no slime).
+
+``aclarena local serve-engine --model DIR``: the embedded engine alone, as an SGLang server (what
+slime's external-engine mode calls), for ``launch/stage.sh RECIPE --smoke`` and for plugin authors.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +42,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stage.add_argument("--json", action="store_true", help="print the metrics as JSON")
     stage.set_defaults(handler=run_stage_command)
+    serve = sub.add_parser(
+        "serve-engine",
+        help="serve a model (and LoRA adapters) on CPU with SGLang's HTTP API, for slime's external-engine mode",
+        description="The embedded engine as an SGLang server: /generate, /server_info, /model_info, /health, "
+        "/health_generate, /abort_request, /v1/loads, /flush_cache, LoRA load/unload, OpenAI chat. "
+        "Each call is logged on stderr as '[engine] METHOD PATH STATUS'.",
+    )
+    serve.add_argument("--model", required=True, help="'tiny' (written into --work-dir) or a Hugging Face model dir")
+    serve.add_argument(
+        "--adapter", action="append", default=[], metavar="NAME=DIR", help="a PEFT adapter to load (repeatable)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    serve.add_argument("--port", type=int, default=30000, help="port (SGLang's default 30000)")
+    serve.add_argument("--served-name", default="local", help="OpenAI model name of the base model")
+    serve.add_argument("--seed", type=int, default=0, help="sampling seed of requests without sampling_seed")
+    serve.add_argument("--torch-threads", type=int, default=1, help="CPU threads for torch (1 suits tiny models)")
+    serve.add_argument("--work-dir", default=".", help="where --model tiny is written (WORK_DIR/base_model)")
+    serve.set_defaults(handler=serve_engine_command)
 
 
 def config_from_args(args: argparse.Namespace) -> LocalStageConfig:
@@ -82,4 +104,45 @@ def run_stage_command(args: argparse.Namespace) -> int:
     print(f"eval mean reward: {before} -> {after}")
     print(f"adapter: {metrics['adapter_dir']}")
     print(f"metrics: {cfg.metrics_path}")
+    return 0
+
+
+def parse_adapters(items: list[str]) -> dict[str, str]:
+    """``NAME=DIR`` pairs from ``--adapter``; a malformed or repeated name is an error."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise CommandError(f"--adapter {item!r}: expected NAME=DIR")
+        if name in out:
+            raise CommandError(f"--adapter {name!r} given twice")
+        out[name] = path
+    return out
+
+
+def serve_engine_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from aclarena_slime.experts import ExpertError
+    from aclarena_slime.local.engine import LocalEngine
+    from aclarena_slime.local.generation import GenerationError, MultiLoraModel
+    from aclarena_slime.local.sglang_server import serve
+    from aclarena_slime.local.stage import LocalStageError, prepare_model
+
+    adapters = parse_adapters(args.adapter)
+    if not 0 < args.port < 65536:
+        raise CommandError(f"--port must be 1..65535, got {args.port}")
+    if args.torch_threads < 1:
+        raise CommandError(f"--torch-threads must be positive, got {args.torch_threads}")
+    torch.set_num_threads(args.torch_threads)
+    try:
+        model_dir = prepare_model(args.model, Path(args.work_dir), args.seed)
+        model = MultiLoraModel.from_pretrained(model_dir, seed=args.seed)
+        for name, path in adapters.items():
+            model.load_adapter(name, path)
+    except (LocalStageError, GenerationError, ExpertError, OSError) as exc:
+        raise CommandError(str(exc)) from exc
+    serve(LocalEngine(model, served_name=args.served_name), model_dir, args.host, args.port)
     return 0

@@ -5,6 +5,7 @@ Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, `
 ``/health_generate``, ``/v1/models``, and OpenAI ``POST /v1/chat/completions`` (``model="<served>"`` is
 the base model, ``"<served>:<adapter>"`` an adapter) for user simulators and the router. Since the
 protocol is SGLang's, :mod:`aclarena_slime.rollout` and everything else run against it unchanged.
+:mod:`.sglang_server` adds what slime's external-engine mode needs on top of this app.
 
 Generation runs on one worker thread, so the event loop keeps answering health checks and adapter
 loads while a request decodes.
@@ -36,6 +37,7 @@ class LocalEngine:
         self.served_name = served_name
         self.chat = ChatTokens(model.tokenizer)
         self.generated_tokens = 0
+        self.requests: dict[str, bool] = {}  # rid of each request queued or decoding -> abort asked
         self._executor: ThreadPoolExecutor | None = None
 
     def app(self) -> web.Application:
@@ -44,7 +46,7 @@ class LocalEngine:
         app.router.add_post("/load_lora_adapter", self._load)
         app.router.add_post("/unload_lora_adapter", self._unload)
         app.router.add_get("/health", self._health)
-        app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/health_generate", self._health_generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         return app
@@ -67,10 +69,23 @@ class LocalEngine:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def generate(self, input_ids: list[int], params: SamplingParams, adapter: str | None) -> Generation:
-        result = await self._run(self.model.generate, input_ids, params, adapter)
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, adapter: str | None, rid: str | None = None
+    ) -> Generation:
+        rid = rid or uuid.uuid4().hex
+        self.requests[rid] = False
+        try:
+            result = await self._run(self.model.generate, input_ids, params, adapter, lambda: self.requests.get(rid))
+        finally:
+            self.requests.pop(rid, None)
         self.generated_tokens += len(result.output_ids)
         return result
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        """SGLang's abort: the named request (or all) stops at its next token with finish reason abort."""
+        for key in list(self.requests):
+            if abort_all or key == rid:
+                self.requests[key] = True
 
     # --- SGLang native API -------------------------------------------------------------------------
 
@@ -84,10 +99,17 @@ class LocalEngine:
         lora = payload.get("lora_path")
         if lora is not None and not isinstance(lora, str):
             raise _bad_request("lora_path must be one adapter name")
+        if lora is not None and lora not in self.model.adapters:  # SGLang: a ValueError, so 400
+            loaded = sorted(self.model.adapters) or "none"
+            raise _bad_request(f"The following requested LoRA adapters are not loaded: {lora}; loaded: {loaded}")
+        rid = payload.get("rid")
+        if rid is not None and not isinstance(rid, str):
+            raise _bad_request("rid must be a string (one request id)")
         params = _params(payload.get("sampling_params"))
-        result = await _served(self.generate(input_ids, params, lora))
+        rid = rid or uuid.uuid4().hex
+        result = await _served(self.generate(input_ids, params, lora, rid))
         meta: dict[str, Any] = {
-            "id": uuid.uuid4().hex,
+            "id": rid,
             "finish_reason": result.finish,
             "prompt_tokens": len(input_ids),
             "completion_tokens": len(result.output_ids),
@@ -109,19 +131,32 @@ class LocalEngine:
         payload = await _json_object(request)
         name, path = payload.get("lora_name"), payload.get("lora_path")
         if not isinstance(name, str) or not isinstance(path, str):
-            raise _bad_request("load_lora_adapter needs lora_name and lora_path (strings)")
-        await _served(self._run(self.model.load_adapter, name, path))
-        return web.json_response({"success": True, "loaded_adapters": dict(self.model.adapters)})
+            raise _invalid_body("load_lora_adapter needs lora_name and lora_path (strings)")
+        return await self._lora_update(self.model.load_adapter, name, path)
 
     async def _unload(self, request: web.Request) -> web.Response:
         payload = await _json_object(request)
         name = payload.get("lora_name")
         if not isinstance(name, str):
-            raise _bad_request("unload_lora_adapter needs lora_name (a string)")
-        await _served(self._run(self.model.unload_adapter, name))
-        return web.json_response({"success": True, "loaded_adapters": dict(self.model.adapters)})
+            raise _invalid_body("unload_lora_adapter needs lora_name (a string)")
+        return await self._lora_update(self.model.unload_adapter, name)
+
+    async def _lora_update(self, fn: Any, *args: Any) -> web.Response:
+        """SGLang's LoRAUpdateOutput: ``success``, ``error_message``, ``loaded_adapters``; 400 on failure."""
+        try:
+            await self._run(fn, *args)
+        except (GenerationError, ExpertError) as exc:
+            body = {"success": False, "error_message": str(exc), "loaded_adapters": dict(self.model.adapters)}
+            return web.json_response(body, status=400)
+        return web.json_response({"success": True, "error_message": None, "loaded_adapters": dict(self.model.adapters)})
 
     async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _health_generate(self, request: web.Request) -> web.Response:
+        """As SGLang: generate one token, unless requests are in flight (then they prove the engine works)."""
+        if not self.requests:
+            await _served(self.generate([0], SamplingParams(temperature=0.0, max_new_tokens=1), None))
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -200,9 +235,9 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
         payload = await request.json()
     except ValueError as exc:
-        raise _bad_request(f"the body is not JSON: {exc}") from exc
+        raise _invalid_body(f"the body is not JSON: {exc}") from exc
     if not isinstance(payload, dict):
-        raise _bad_request("the body must be a JSON object")
+        raise _invalid_body("the body must be a JSON object")
     return payload
 
 
@@ -217,6 +252,14 @@ def _error_json(message: str, status: int) -> str:
     import json
 
     return json.dumps({"error": {"message": message, "code": status}})
+
+
+def _invalid_body(message: str) -> web.HTTPException:
+    """A body that does not parse into the request type: SGLang (FastAPI) answers with ErrorResponse."""
+    import json
+
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    return web.HTTPBadRequest(text=json.dumps(body), content_type="application/json")
 
 
 def _bad_request(message: str, status: int = 400) -> web.HTTPException:

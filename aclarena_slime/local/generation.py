@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,8 +199,18 @@ class MultiLoraModel:
         self.peft.set_adapter(adapter)
         yield self.peft
 
-    def generate(self, input_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> Generation:
-        """Sample a continuation of ``input_ids``; blocks while another generation runs."""
+    def generate(
+        self,
+        input_ids: Sequence[int],
+        params: SamplingParams,
+        adapter: str | None = None,
+        aborted: Callable[[], bool] | None = None,
+    ) -> Generation:
+        """Sample a continuation of ``input_ids``; blocks while another generation runs.
+
+        ``aborted`` is polled before each token (SGLang's ``/abort_request``): when it says so, the
+        tokens so far come back with finish reason ``abort``.
+        """
         from transformers import DynamicCache
 
         ids = [int(t) for t in input_ids]
@@ -227,6 +237,8 @@ class MultiLoraModel:
             while True:
                 if self.closing:
                     return Generation(out, log_probs, {"type": ABORT, "message": "the engine is shutting down"})
+                if aborted is not None and aborted():
+                    return Generation(out, log_probs, {"type": ABORT, "message": "aborted by /abort_request"})
                 token, log_prob = sample_token(logits, params, generator)
                 out.append(token)
                 log_probs.append(log_prob)
