@@ -134,6 +134,8 @@ class RolloutConfig:
     n_samples_per_prompt: int = 8
     global_batch_size: int = 512
     rollout_max_response_len: int = 4096
+    # The whole context, prompt + response (slime's flag; the agent loop caps multi-turn episodes with it).
+    rollout_max_context_len: int | None = None
     rollout_temperature: float = 1.0
     over_sampling_batch_size: int | None = None
     dynamic_sampling_filter_path: str | None = None
