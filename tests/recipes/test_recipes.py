@@ -102,7 +102,7 @@ def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path):
     assert flag_value(argv, "--custom-rm-path") == ["aclarena_slime.rollout.reward"]
     assert flag_value(argv, "--advantage-estimator") == ["gspo"]
     assert flag_value(argv, "--n-samples-per-prompt") == ["8"]
-    assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "stage1_math" / "checkpoint")]
+    assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "stage2_search_sft" / "checkpoint")]  # SeaSFT
     retriever = command.services["retriever"]
     assert (
         command.custom_config["aclarena_env_config"]["search"]["retriever_url"]
