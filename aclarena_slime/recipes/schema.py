@@ -146,6 +146,8 @@ class RolloutConfig:
 class CheckpointConfig:
     load: str = MISSING  # Megatron torch_dist folder the stage starts from
     ref_load: str = "${.load}"
+    # Which saved iteration of ``load`` (slime's --ckpt-step; the reference model follows it); None: the latest.
+    ckpt_step: int | None = None
     save: str = MISSING
     # --save-hf: an HF export of the trained weights, rewritten at every save (what SGLang serves for
     # stages built on this one). One folder: slime's {rollout_id} template is refused by the compiler.
@@ -154,6 +156,10 @@ class CheckpointConfig:
     finetune: bool = True  # weights only: the iteration restarts at 0 in each stage
     no_load_optim: bool = False
     no_load_rng: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ckpt_step is not None and self.ckpt_step < 1:
+            raise ValueError(f"checkpoint.ckpt_step must be a saved iteration (>= 1), got {self.ckpt_step}")
 
 
 @dataclass
