@@ -56,6 +56,10 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     chat = chat_tokens(args.hf_checkpoint, _template_kwargs(args))
     traj = await run_episode(env, task_of(sample), client, chat, sampling_params, settings)
     fill_sample(sample, traj, chat, floor_reward=env.reward_range[0])
+    if evaluation and traj.score is not None:
+        # Evaluation scores the task, whatever reward model training uses (MOPD's is the teacher's KL):
+        # slime skips the reward model for a sample that already has a reward.
+        sample.reward = float(traj.score.reward)
     return sample
 
 

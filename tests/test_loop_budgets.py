@@ -148,3 +148,14 @@ def test_bad_settings_are_clear_errors():
         LoopSettings(max_response_tokens=None)
     room, why = LoopSettings(max_response_tokens=None, max_turn_tokens=4).turn_budget(Trajectory())
     assert (room, why) == (4, "turn_budget")
+
+
+async def test_evaluation_keeps_the_task_reward(tiny_checkpoint, tiny_tokenizer):
+    """slime skips the reward model for a sample with a reward: MOPD's evaluation scores the task, not the KL."""
+    async with FakeSGLang(tiny_tokenizer, ["\\boxed{4}"]) as engine:
+        args = _args(tiny_checkpoint, engine)
+        sample = FakeSample(prompt="2+2?", label="4", metadata={"env": "math"})
+        out = await generate(args, sample, {"max_new_tokens": 32}, evaluation=True)
+        train = await generate(args, FakeSample(prompt="2+2?", label="4", metadata={"env": "math"}), {})
+    assert out.reward == 1.0
+    assert train.reward is None  # training leaves the reward to the reward model (--custom-rm-path)

@@ -125,6 +125,11 @@ class DataConfig:
     rollout_shuffle: bool = True
     eval_prompt_data: dict[str, str] = field(default_factory=dict)  # name -> JSONL
     eval_interval: int | None = None
+    # Evaluation during training (slime's flags; None: slime's default, the rollout's setting).
+    n_samples_per_eval_prompt: int | None = None
+    eval_temperature: float | None = None
+    eval_top_p: float | None = None
+    eval_max_response_len: int | None = None
 
 
 @dataclass

@@ -181,13 +181,14 @@ def test_lora_sync_defaults_to_disk_under_the_stage_checkpoint(tmp_path: Path):
 
 @pytest.mark.parametrize("name", MLE_RECIPES)
 def test_mle_experts_are_served_on_the_backbone_they_train_on(name: str, tmp_path: Path):
-    """SGLang loads --hf-checkpoint: for an MLE expert that is the SDFT backbone's HF export, not the base model."""
+    """SGLang loads --hf-checkpoint: for an MLE expert, the HF export of the SDFT iteration it loads (--ckpt-step),
+    not the base model and not the backbone's last export."""
     _, sdft = compiled("sdft_backbone", tmp=tmp_path)
     _, mle = compiled(name, tmp=tmp_path)
-    export = flag_value(sdft.train_args, "--save-hf")
-    assert export == [str(tmp_path / "runs" / "sdft_backbone" / "hf")]
-    assert flag_value(mle.train_args, "--hf-checkpoint") == export
-    assert flag_value(mle.train_args, "--load") == flag_value(sdft.train_args, "--save")
+    (save,) = flag_value(sdft.train_args, "--save")
+    (step,) = flag_value(mle.train_args, "--ckpt-step")
+    assert flag_value(mle.train_args, "--hf-checkpoint") == [f"{save}/hf_iter_{step}"]
+    assert flag_value(mle.train_args, "--load") == [save]
 
 
 def test_save_hf_must_be_one_folder(tmp_path: Path):
