@@ -100,7 +100,8 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         # names the export of its own iteration (e.g. the MLE experts on an early SDFT checkpoint).
         overrides.remove(handed)
         recipe = load_recipe(path, overrides)
-    return local_profile(str(path), overrides, recipe) if recipe.kind == "rl" and _runs_local(recipe) else recipe
+    local = recipe.kind in ("rl", "sft") and _runs_local(recipe)
+    return local_profile(str(path), overrides, recipe) if local else recipe
 
 
 def _runs_local(recipe: StageRecipe) -> bool:
