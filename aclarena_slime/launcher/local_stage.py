@@ -10,8 +10,12 @@ from aclarena_slime.recipes.schema import StageRecipe
 
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word."""
-    if recipe.kind not in ("rl", "sft"):
-        raise RecipeError(f"the local backend runs RL and SFT stages; {recipe.name} is kind {recipe.kind!r}")
+    if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and "aclarena_sft_filter" not in recipe.custom):
+        raise RecipeError(
+            f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
+            f"{recipe.name} is kind {recipe.kind!r}"
+            + (" without a warm-start filter" if recipe.kind == "sft" else "")
+        )
     algorithm = recipe.algorithm
     values: dict[str, Any] = {
         "env": recipe.data.env,

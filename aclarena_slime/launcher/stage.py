@@ -64,13 +64,14 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     lines.append(f"# {command.custom_config_path}:")
     lines += ["#   " + line for line in json.dumps(command.custom_config, indent=2).splitlines()]
     lines.append(command.shell(dashboard))
-    if choice.name == "local" and recipe.kind in ("rl", "sft"):
+    if choice.name == "local":
         from aclarena_slime.launcher.local_stage import local_settings
 
-        settings = local_settings(local_recipe or recipe)
-        lines.append(f"# local backend settings: {json.dumps(settings, default=str)}")
-    elif choice.name == "local":
-        lines.append(f"# the local backend runs RL and SFT stages; this {recipe.kind} stage needs the slime backend")
+        try:
+            settings = local_settings(local_recipe or recipe)
+            lines.append(f"# local backend settings: {json.dumps(settings, default=str)}")
+        except RecipeError as exc:
+            lines.append(f"# {exc}: this stage needs the slime backend")
     return "\n".join(lines)
 
 
