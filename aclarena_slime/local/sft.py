@@ -179,12 +179,14 @@ def sft_step(trainer: LoraTrainer, samples: Sequence[TrainSample], micro_batch_s
         for i, s in enumerate(batch):
             ids[i, : len(s.tokens)] = torch.tensor(s.tokens)
             attention[i, : len(s.tokens)] = 1
-        log_probs = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), dim=-1)
-        loss = log_probs.new_zeros(())
+        logits = model(input_ids=ids, attention_mask=attention).logits
+        loss = logits.new_zeros((), dtype=torch.float32)
         for i, s in enumerate(batch):
             first = len(s.tokens) - s.response_length  # logits at p - 1 predict token p
+            # Normalise the response window only: a long prompt times the vocabulary would not fit in memory.
+            window = torch.log_softmax(logits[i, first - 1 : len(s.tokens) - 1].float(), dim=-1)
             targets = torch.tensor(s.tokens[first:])
-            picked = log_probs[i, first - 1 : len(s.tokens) - 1].gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            picked = window.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             loss = loss - (picked * torch.tensor(s.loss_mask, dtype=picked.dtype)).sum()
         (loss / n_tokens).backward()
         total += float(loss.detach())
