@@ -60,9 +60,46 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    max_response_tokens: int
+    """The loop's token budgets; each None means "no limit of this kind".
+
+    ``max_response_tokens`` bounds everything after the prompt (model turns and observations together);
+    ``max_turn_tokens`` bounds each model turn on its own (what the authors' multi-turn generate functions
+    do: ``max_new_tokens`` per turn); ``max_context_tokens`` bounds prompt + response, the whole context the
+    engine sees. A model turn gets the smallest of the three that apply.
+    """
+
+    max_response_tokens: int | None
     lora_path: str | None = None
     max_turns: int | None = None  # overrides the env's own limit when set
+    max_turn_tokens: int | None = None
+    max_context_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_response_tokens", "max_turn_tokens", "max_context_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"LoopSettings.{name} must be at least 1 (or None for no limit), got {value}")
+        if self.max_response_tokens is None and self.max_turn_tokens is None:
+            raise ValueError("LoopSettings needs a response budget: max_response_tokens or max_turn_tokens")
+
+    def room(self, traj: Trajectory) -> tuple[int, str]:
+        """Tokens that may still be appended to the response, and the limit that binds first."""
+        limits = []
+        if self.max_response_tokens is not None:
+            limits.append((self.max_response_tokens - len(traj.response_ids), "response_budget"))
+        if self.max_context_tokens is not None:
+            limits.append((self.max_context_tokens - len(traj.prompt_ids) - len(traj.response_ids), "context_limit"))
+        return min(limits, default=(_UNLIMITED, ""))
+
+    def turn_budget(self, traj: Trajectory) -> tuple[int, str]:
+        """``max_new_tokens`` of the next model turn, and the limit that sets it."""
+        room, why = self.room(traj)
+        if self.max_turn_tokens is not None and self.max_turn_tokens <= room:
+            return self.max_turn_tokens, "turn_budget"
+        return room, why
+
+
+_UNLIMITED = 1 << 62
 
 
 async def run_episode(
@@ -100,9 +137,9 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
         params["stop"] = list(dict.fromkeys(list(params.get("stop") or []) + list(env.stop)))
     max_turns = settings.max_turns or env.max_turns
     for turn in range(max_turns):
-        budget = settings.max_response_tokens - len(traj.response_ids)
+        budget, limit = settings.turn_budget(traj)
         if budget <= 0:
-            return await _finish(episode, traj, TRUNCATED, "response_budget")
+            return await _finish(episode, traj, TRUNCATED, limit)
         params["max_new_tokens"] = budget
         response = await client.generate(traj.tokens, params, lora_path=settings.lora_path)
         ids, log_probs = output_tokens(response)
@@ -114,7 +151,7 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
         traj.turns.append(text)
         traj.messages.append({"role": "assistant", "content": text})
         if reason == "length":
-            return await _finish(episode, traj, TRUNCATED, "response_budget")
+            return await _finish(episode, traj, TRUNCATED, limit)
         try:
             result = await episode.step(text)
         except EpisodeAborted as exc:
@@ -132,11 +169,11 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
             obs_ids = chat.observation_ids(result.messages, ids[-1] if ids else None)
         except Exception as exc:  # noqa: BLE001
             return _render_failed(env, traj, "observation", exc)
-        room = settings.max_response_tokens - len(traj.response_ids)
+        room, limit = settings.room(traj)
         traj.messages += result.messages
-        traj.add(obs_ids[:room], None, trainable=False)
+        traj.add(obs_ids[: max(room, 0)], None, trainable=False)
         if len(obs_ids) >= room:
-            return await _finish(episode, traj, TRUNCATED, "response_budget")
+            return await _finish(episode, traj, TRUNCATED, limit)
     return await _finish(episode, traj, TRUNCATED, "turn_limit")
 
 

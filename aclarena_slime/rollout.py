@@ -10,8 +10,12 @@ What they read from ``args`` (everything else is passed on as plain values):
 
 - ``sglang_router_ip``, ``sglang_router_port``: the engine endpoint (slime's router, or one server);
 - ``hf_checkpoint``: where the tokenizer lives;
-- ``rollout_max_response_len``: the response budget across all turns (observations included), unless
-  ``sampling_params["max_new_tokens"]`` gives one (slime's eval passes each dataset's own budget there);
+- ``rollout_max_response_len``: the response budget, unless ``sampling_params["max_new_tokens"]`` gives
+  one (slime's eval passes each dataset's own budget there). ``aclarena_response_budget`` says what it
+  bounds: ``total`` (the default: all turns together, observations included) or ``per_turn`` (each model
+  turn on its own, as the authors' multi-turn scripts spend ``max_new_tokens``);
+- ``rollout_max_context_len`` / ``eval_max_context_len`` (optional): a cap on the whole context, prompt +
+  response (slime's flags for the engine's context size);
 - ``apply_chat_template_kwargs`` (optional): extra keyword arguments of the chat template;
 - ``aclarena_env_config`` (optional, from ``--custom-config-path``): ``{tag: {env settings}}``;
 - ``aclarena_experts`` (optional): an ``experts.json`` path or a ``{tag: adapter_name}`` mapping; when
@@ -47,14 +51,15 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     """Roll out one sample through its environment; fills the token fields, status and metadata."""
     tag = env_tag(sample)
     env = get_environment(tag, env_config(args, tag))
-    settings = LoopSettings(
-        max_response_tokens=int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len),
-        lora_path=expert_adapter(args, tag),
-    )
+    settings = loop_settings(args, sampling_params, evaluation, lora_path=expert_adapter(args, tag))
     client = SGLangClient.from_host_port(args.sglang_router_ip, args.sglang_router_port)
     chat = chat_tokens(args.hf_checkpoint, _template_kwargs(args))
     traj = await run_episode(env, task_of(sample), client, chat, sampling_params, settings)
     fill_sample(sample, traj, chat, floor_reward=env.reward_range[0])
+    if evaluation and traj.score is not None:
+        # Evaluation scores the task, whatever reward model training uses (MOPD's is the teacher's KL):
+        # slime skips the reward model for a sample that already has a reward.
+        sample.reward = float(traj.score.reward)
     return sample
 
 
@@ -96,6 +101,27 @@ def reward_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[f
     mean and std and get 0.0 (see :mod:`aclarena_slime.group_rewards`)."""
     raw = [reward_value(args, sample) for sample in samples]
     return raw, normalized_rewards(args, samples, raw)
+
+
+def loop_settings(
+    args: Any, sampling_params: dict[str, Any], evaluation: bool = False, lora_path: str | None = None
+) -> LoopSettings:
+    """The agent loop's budgets from slime's ``args`` (see the module docstring)."""
+    budget = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
+    mode = getattr(args, "aclarena_response_budget", None) or "total"
+    if mode not in RESPONSE_BUDGETS:
+        raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {mode!r}")
+    context = getattr(args, "eval_max_context_len", None) if evaluation else None
+    context = context or getattr(args, "rollout_max_context_len", None)
+    return LoopSettings(
+        max_response_tokens=budget if mode == "total" else None,
+        max_turn_tokens=budget if mode == "per_turn" else None,
+        max_context_tokens=int(context) if context else None,
+        lora_path=lora_path,
+    )
+
+
+RESPONSE_BUDGETS = ("total", "per_turn")
 
 
 def env_tag(sample: Any) -> str:

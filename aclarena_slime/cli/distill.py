@@ -38,6 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sdft.add_argument("--out", required=True, help="the mixture JSONL to write")
     sdft.add_argument("--max-per-prompt", type=int, default=None, help="at most this many trajectories per prompt")
+    sdft.add_argument(
+        "--status",
+        nargs="+",
+        default=["completed"],
+        metavar="STATUS",
+        help="episode statuses to keep (default: completed; the search warm start also keeps truncated)",
+    )
+    sdft.add_argument("--max-tokens", type=int, default=None, help="drop episodes longer than this (prompt + response)")
     sdft.add_argument("--force", action="store_true", help="replace --out if it exists")
     sdft.add_argument("--trust-pickle", action="store_true", help="read .pt dumps holding arbitrary objects")
     sdft.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -50,8 +58,8 @@ def run_sdft_data(args: argparse.Namespace) -> int:
 
     if args.max_per_prompt is not None and args.max_per_prompt < 1:
         raise CommandError("--max-per-prompt must be at least 1")
-    settings = _settings(args.threshold, args.max_per_prompt)
     try:
+        settings = _settings(args.threshold, args.max_per_prompt, tuple(args.status), args.max_tokens)
         sources = [(domain, path) for domain, raw in map(_split, args.dumps) for path in dump_files([raw])]
         episodes = (ep for domain, path in sources for ep in read_dump(path, domain, trust_pickle=args.trust_pickle))
         records, report = build_mixture(episodes, settings)
@@ -76,7 +84,9 @@ def _split(value: str) -> tuple[str | None, str]:
     return None, value
 
 
-def _settings(thresholds: list[str], max_per_prompt: int | None) -> Any:
+def _settings(
+    thresholds: list[str], max_per_prompt: int | None, statuses: tuple[str, ...], max_tokens: int | None
+) -> Any:
     from aclarena_slime.distill.sdft import MixtureSettings
 
     per_domain: dict[str, float] = {}
@@ -91,7 +101,13 @@ def _settings(thresholds: list[str], max_per_prompt: int | None) -> Any:
             default = number
         else:
             per_domain[domain] = number
-    return MixtureSettings(thresholds=per_domain, default_threshold=default, max_per_prompt=max_per_prompt)
+    return MixtureSettings(
+        thresholds=per_domain,
+        default_threshold=default,
+        max_per_prompt=max_per_prompt,
+        statuses=statuses,
+        max_tokens=max_tokens,
+    )
 
 
 def _print_table(summary: dict[str, Any]) -> None:

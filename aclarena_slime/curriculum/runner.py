@@ -97,7 +97,14 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         f"name={entry.name}",
     ]
     recipe = load_recipe(path, overrides)
-    return local_profile(str(path), overrides, recipe) if recipe.kind == "rl" and _runs_local(recipe) else recipe
+    handed = f"model.hf_checkpoint={(source or {}).get('hf_checkpoint')}"
+    if recipe.checkpoint.ckpt_step is not None and handed in overrides:
+        # An earlier iteration than the source's last: the source's HF export is not its weights; the recipe
+        # names the export of its own iteration (e.g. the MLE experts on an early SDFT checkpoint).
+        overrides.remove(handed)
+        recipe = load_recipe(path, overrides)
+    local = recipe.kind in ("rl", "sft") and _runs_local(recipe)
+    return local_profile(str(path), overrides, recipe) if local else recipe
 
 
 def _runs_local(recipe: StageRecipe) -> bool:
@@ -165,6 +172,8 @@ def run_curriculum(
                 raise CurriculumFailed(f"stage {entry.name} is the {entry.expert!r} expert but produced no adapter")
             # The weights the expert was trained on, as SGLang loads them: the HF export when there is one.
             base_path = (source or {}).get("hf_checkpoint") or (source or {}).get("checkpoint") or ""
+            if recipe.checkpoint.ckpt_step is not None:  # an earlier iteration's export (see stage_recipe)
+                base_path = recipe.model.hf_checkpoint
             manifest.set_expert(entry.expert, _relative(result.adapter, out), entry.name, {
                 "name": source_name or "base", "path": base_path,
             })  # fmt: skip

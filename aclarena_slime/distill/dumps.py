@@ -40,6 +40,8 @@ class DumpedEpisode:
     tools: list[dict[str, Any]] | None
     reward: float | None
     status: str
+    trainable_tokens: int | None = None  # loss-mask-1 tokens (0 when slime drops the sample); None: not recorded
+    length: int | None = None  # prompt + response tokens, when recorded
 
 
 def dump_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -117,7 +119,19 @@ def episode_from_record(record: Mapping[str, Any], source: str, domain: str | No
         tools=list(tools) if isinstance(tools, list) and tools else None,
         reward=_reward(ours, record),
         status=_status(record.get("status")),
+        trainable_tokens=_trainable(record),
+        length=len(record["tokens"]) if isinstance(record.get("tokens"), list | tuple) else None,
     )
+
+
+def _trainable(record: Mapping[str, Any]) -> int | None:
+    """Tokens the sample trains on: 0 for a sample slime removes (``remove_sample``) or an all-zero loss mask."""
+    if record.get("remove_sample"):
+        return 0
+    mask = record.get("loss_mask")
+    if hasattr(mask, "tolist"):
+        mask = mask.tolist()
+    return int(sum(mask)) if isinstance(mask, list | tuple) else None
 
 
 def _mapping(value: Any, source: str, what: str) -> Mapping[str, Any]:

@@ -10,10 +10,15 @@ turn verbatim, tool results and env observations), so slime's multi-turn loss ma
 schema list the chat template renders. ``metadata.domain`` is what :class:`BalancedDataSource`
 balances on; ``metadata.source_name`` makes slime log its metrics per domain.
 
-Kept means: a finished episode (status ``completed``; truncated, aborted and failed ones never),
-a reward ``>=`` its domain's threshold, a well-formed conversation that ends with an assistant turn,
-and not an exact duplicate of a record already kept. ``max_per_prompt`` caps how many distinct
-trajectories of one prompt survive (oracles sample 8-16 per prompt).
+Kept means: a finished episode (status ``completed`` by default; ``statuses`` widens it, e.g. the
+authors' search warm start also keeps truncated ones), a reward ``>=`` its domain's threshold, at least
+one token to train on (a sample slime would drop, or whose loss mask is all zero, never), at most
+``max_tokens`` tokens when set, a well-formed conversation that ends with an assistant turn, and not an
+exact duplicate of a record already kept. ``max_per_prompt`` caps how many distinct trajectories of one
+prompt survive (oracles sample 8-16 per prompt).
+
+The same pipeline makes the SFT warm starts of the sequential chain (the authors' SeaSFT and TauSFT: a
+teacher's rollouts filtered by reward, status and trainable tokens); see ``recipes/data/*_sft.yaml``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 # Message fields chat templates read; anything else a rollout attached (ids, timings) is dropped.
 MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
 KEPT_STATUS = "completed"
+STATUSES = ("completed", "truncated", "aborted", "failed")
 
 
 class MixtureError(ValueError):
@@ -56,6 +62,15 @@ class MixtureSettings:
     thresholds: Mapping[str, float] = field(default_factory=dict)  # per domain
     default_threshold: float | None = None  # for domains without their own
     max_per_prompt: int | None = None
+    statuses: tuple[str, ...] = (KEPT_STATUS,)  # episode statuses that may be kept
+    max_tokens: int | None = None  # prompt + response, when the dump records tokens
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.statuses) - set(STATUSES))
+        if not self.statuses or unknown:
+            raise MixtureError(f"statuses must be some of {', '.join(STATUSES)}; got {list(self.statuses)}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise MixtureError(f"max_tokens must be at least 1, got {self.max_tokens}")
 
     def threshold(self, domain: str) -> float:
         if domain in self.thresholds:
@@ -97,7 +112,7 @@ def build_mixture(episodes: Iterable[DumpedEpisode], settings: MixtureSettings) 
             raise MixtureError(f"{episode.source}: no domain (metadata.env); name the dump's domain explicitly")
         counts = report.count(episode.domain)
         counts.read += 1
-        reason = _rejection(episode, settings.threshold(episode.domain))
+        reason = _rejection(episode, settings)
         messages = chat_messages(episode.messages) if reason is None else None
         if reason is None and messages is None:
             reason = "malformed_messages"
@@ -119,15 +134,19 @@ def build_mixture(episodes: Iterable[DumpedEpisode], settings: MixtureSettings) 
     return records, report
 
 
-def _rejection(episode: DumpedEpisode, threshold: float) -> str | None:
-    if episode.status != KEPT_STATUS:
+def _rejection(episode: DumpedEpisode, settings: MixtureSettings) -> str | None:
+    if episode.status not in settings.statuses:
         return f"status_{episode.status}"
     if episode.messages is None:
         return "no_messages"
     if episode.reward is None:
         return "no_reward"
-    if episode.reward < threshold:
+    if episode.reward < settings.threshold(episode.domain):
         return "below_threshold"
+    if episode.trainable_tokens == 0:
+        return "no_trainable_tokens"
+    if settings.max_tokens is not None and episode.length is not None and episode.length > settings.max_tokens:
+        return "too_long"
     return None
 
 

@@ -10,8 +10,12 @@ from aclarena_slime.recipes.schema import StageRecipe
 
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word."""
-    if recipe.kind != "rl":
-        raise RecipeError(f"the local backend runs RL stages only; {recipe.name} is kind {recipe.kind!r}")
+    if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and "aclarena_sft_filter" not in recipe.custom):
+        raise RecipeError(
+            f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
+            f"{recipe.name} is kind {recipe.kind!r}"
+            + (" without a warm-start filter" if recipe.kind == "sft" else "")
+        )
     algorithm = recipe.algorithm
     values: dict[str, Any] = {
         "env": recipe.data.env,
@@ -64,5 +68,14 @@ def run_local(recipe: StageRecipe) -> dict[str, Any]:
     from aclarena_slime.local.stage import run_stage
 
     cfg = local_config(recipe)
-    metrics = run_stage(cfg)
+    if recipe.kind == "sft":  # a warm start: teacher rollouts, the recipe's filter, SFT (aclarena_slime.local.sft)
+        from aclarena_slime.local.sft import filter_settings, run_sft_stage
+
+        try:
+            settings = filter_settings(recipe.custom.get("aclarena_sft_filter"))
+        except ValueError as exc:
+            raise RecipeError(f"custom.aclarena_sft_filter: {exc}") from exc
+        metrics = run_sft_stage(cfg, settings, epochs=int(recipe.algorithm.extra.get("num_epoch") or 1))
+    else:
+        metrics = run_stage(cfg)
     return {"metrics": metrics, "adapter": str(cfg.adapter_dir), "output_dir": cfg.output_dir}

@@ -77,13 +77,14 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     lines.append(f"# {command.custom_config_path}:")
     lines += ["#   " + line for line in json.dumps(command.custom_config, indent=2).splitlines()]
     lines.append(command.shell(dashboard))
-    if choice.name == "local" and recipe.kind == "rl":
+    if choice.name == "local":
         from aclarena_slime.launcher.local_stage import local_settings
 
-        settings = local_settings(local_recipe or recipe)
-        lines.append(f"# local backend settings: {json.dumps(settings, default=str)}")
-    elif choice.name == "local":
-        lines.append(f"# the local backend runs RL stages only; this {recipe.kind} stage needs the slime backend")
+        try:
+            settings = local_settings(local_recipe or recipe)
+            lines.append(f"# local backend settings: {json.dumps(settings, default=str)}")
+        except RecipeError as exc:
+            lines.append(f"# {exc}: this stage needs the slime backend")
     return "\n".join(lines)
 
 
@@ -158,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         choice = choose_backend(recipe.cluster.backend)
         print(f"[stage] backend: {choice.name} ({choice.reason})", file=sys.stderr)
         local_recipe = (
-            local_profile(args.recipe, overrides, recipe) if choice.name == "local" and recipe.kind == "rl" else None
+            local_profile(args.recipe, overrides, recipe)
+            if choice.name == "local" and recipe.kind in ("rl", "sft")
+            else None
         )
         if args.dry_run:
             print(dry_run_text(recipe, choice, local_recipe))

@@ -188,6 +188,8 @@ def _data_flags(flags: _Flags, recipe: StageRecipe) -> None:
         pairs = [part for name, path in data.eval_prompt_data.items() for part in (name, path)]
         flags.add("eval_prompt_data", pairs, "data.eval_prompt_data")
         flags.add("eval_interval", data.eval_interval, "data.eval_interval")
+        for key in ("n_samples_per_eval_prompt", "eval_temperature", "eval_top_p", "eval_max_response_len"):
+            flags.add(key, getattr(data, key), f"data.{key}")
 
 
 def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:

@@ -133,6 +133,11 @@ class DataConfig:
     rollout_shuffle: bool = True
     eval_prompt_data: dict[str, str] = field(default_factory=dict)  # name -> JSONL
     eval_interval: int | None = None
+    # Evaluation during training (slime's flags; None: slime's default, the rollout's setting).
+    n_samples_per_eval_prompt: int | None = None
+    eval_temperature: float | None = None
+    eval_top_p: float | None = None
+    eval_max_response_len: int | None = None
 
 
 @dataclass
@@ -142,6 +147,8 @@ class RolloutConfig:
     n_samples_per_prompt: int = 8
     global_batch_size: int = 512
     rollout_max_response_len: int = 4096
+    # The whole context, prompt + response (slime's flag; the agent loop caps multi-turn episodes with it).
+    rollout_max_context_len: int | None = None
     rollout_temperature: float = 1.0
     over_sampling_batch_size: int | None = None
     dynamic_sampling_filter_path: str | None = None
@@ -152,6 +159,8 @@ class RolloutConfig:
 class CheckpointConfig:
     load: str = MISSING  # Megatron torch_dist folder the stage starts from
     ref_load: str = "${.load}"
+    # Which saved iteration of ``load`` (slime's --ckpt-step; the reference model follows it); None: the latest.
+    ckpt_step: int | None = None
     save: str = MISSING
     # --save-hf: an HF export of the trained weights, rewritten at every save (what SGLang serves for
     # stages built on this one). One folder: slime's {rollout_id} template is refused by the compiler.
@@ -160,6 +169,10 @@ class CheckpointConfig:
     finetune: bool = True  # weights only: the iteration restarts at 0 in each stage
     no_load_optim: bool = False
     no_load_rng: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ckpt_step is not None and self.ckpt_step < 1:
+            raise ValueError(f"checkpoint.ckpt_step must be a saved iteration (>= 1), got {self.ckpt_step}")
 
 
 @dataclass

@@ -121,11 +121,13 @@ def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Pat
     run_curriculum(write_curriculum(tmp_path, "mle", stages), runner=runner, evaluator=lambda *_: None)
     backbone = str(tmp_path / "out" / "runs" / "backbone" / "checkpoint")
     assert [load for _, load in runner.calls[1:]] == [backbone, backbone]
-    # SGLang serves the backbone's HF export, the weights the experts train on (not Qwen3-8B-Base)
-    export = str(tmp_path / "out" / "runs" / "backbone" / "hf")
-    assert [r.model.hf_checkpoint for r in runner.recipes[1:]] == [export, export]
+    # SGLang serves the HF export of the SDFT iteration each expert loads (the authors' 1000 for math,
+    # 500 for search), the weights the expert trains on: not the backbone's last export, not Qwen3-8B-Base
+    assert [r.checkpoint.ckpt_step for r in runner.recipes[1:]] == [1000, 500]
+    exports = [f"{backbone}/hf_iter_1000", f"{backbone}/hf_iter_500"]
+    assert [r.model.hf_checkpoint for r in runner.recipes[1:]] == exports
     experts = json.loads((tmp_path / "out" / "experts.json").read_text())
-    assert experts["base"] == {"name": "backbone", "path": export}
+    assert experts["base"] == {"name": "backbone", "path": exports[-1]}
     assert experts["experts"]["math"] == {
         "adapter": "math",
         "path": "runs/e_math/checkpoint/adapter",
@@ -226,25 +228,37 @@ def test_shipped_curricula_compose_every_stage(path: Path, tmp_path: Path):
 
 @pytest.mark.slow
 def test_local_smoke_curriculum_runs_for_real_and_resumes(tmp_path: Path):
-    """Two chained stages on the local backend (tiny model, real rollout functions), then a no-op resume."""
+    """The authors' chain with its SFT warm starts on the local backend (tiny model, real rollout functions),
+    then a no-op resume."""
     from aclarena_slime.curriculum.runner import default_stage_runner
 
+    tau3 = RECIPES.parents[1] / "shared" / "data" / "tau3-retail"
+    if not tau3.is_dir():
+        pytest.skip(f"τ³-Retail data not found at {tau3}")
     path = RECIPES / "curriculum" / "local_smoke.yaml"
     out = tmp_path / "smoke"
-    run_curriculum(path, [f"output_dir={out}"])
+    settings = [f"output_dir={out}", f"overrides=[cluster=local,++env_config.retail.data_dir={tau3}]"]
+    run_curriculum(path, settings)
     data = json.loads((out / MANIFEST_NAME).read_text())
-    first, second = data["stages"]
-    assert first["backend"] == second["backend"] == "local"
-    assert second["loaded"] == first["adapter"] and Path(second["adapter"], "adapter_config.json").exists()
+    stages = data["stages"]
+    assert [s["name"] for s in stages] == [
+        "smoke_math", "smoke_search_sft", "smoke_search", "smoke_retail_sft", "smoke_retail", "smoke_if",
+    ]  # fmt: skip
+    assert all(s["backend"] == "local" and s["status"] == DONE for s in stages)
+    for before, after in zip(stages, stages[1:], strict=False):  # each stage starts from the one before
+        assert after["loaded"] == before["adapter"] and Path(after["adapter"], "adapter_config.json").exists()
+    for warm in (stages[1], stages[3]):  # the warm starts ran SFT on filtered teacher rollouts
+        metrics = json.loads(Path(warm["adapter"]).with_name("metrics.json").read_text())
+        assert metrics["kind"] == "sft" and metrics["kept"] >= 1 and metrics["steps"]
     assert json.loads((out / "experts.json").read_text())["experts"]["math"]["path"] == "runs/smoke_math/local/adapter"
     # every domain evaluated after every stage, through the math expert: the forgetting matrix's input
-    for stage in (first, second):
+    for stage in stages:
         summary = json.loads((out / stage["eval"]["summary"]).read_text())
         assert summary["stage"] == stage["name"] and set(summary["domains"]) == {"math", "ifeval"}
     lines = (out / "eval" / "smoke_math" / "samples" / "math.jsonl").read_text().splitlines()
     assert {json.loads(line)["lora_path"] for line in lines} == {"math"}
     calls = []
-    run_curriculum(path, [f"output_dir={out}"], runner=lambda r: calls.append(r) or default_stage_runner(r))
+    run_curriculum(path, settings, runner=lambda r: calls.append(r) or default_stage_runner(r))
     assert calls == []
 
 

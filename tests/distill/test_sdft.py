@@ -215,3 +215,48 @@ def test_pickled_objects_need_trust(tmp_path, make_sample):
         list(read_dump(path))
     (episode,) = read_dump(path, trust_pickle=True)
     assert episode.reward == 1.0
+
+
+def test_warm_start_filters_as_the_authors(tmp_path, make_sample, capsys):
+    """SeaSFT (search-r1/filter_rollout_data.py:77-86): reward >= 0.4, truncated kept, failed/aborted and
+    all-zero-loss-mask samples dropped. TauSFT (tau-bench/parse_rollout_to_sft.py:86-137): reward >= 1.0,
+    completed only, at most max_tokens, all-zero loss mask dropped."""
+    no_tool = make_sample("search", "q4", "<answer>x</answer>", 1.0)
+    no_tool["loss_mask"] = [0, 0]  # the no-tool filter masked it: nothing to train on
+    removed = make_sample("search", "q5", "<answer>y</answer>", 1.0)
+    removed["remove_sample"] = True
+    search = _save(
+        tmp_path / "search.pt",
+        [
+            make_sample("search", "q1", "<answer>a</answer>", 0.5),
+            make_sample("search", "q2", "<answer>b", 0.6, status="truncated"),
+            make_sample("search", "q3", "<answer>c</answer>", 0.3),
+            make_sample("search", "q6", "<answer>d</answer>", 1.0, status="aborted"),
+            no_tool,
+            removed,
+        ],
+    )
+    episodes = list(read_dump(search))
+    sea = MixtureSettings(default_threshold=0.4, statuses=("completed", "truncated"))
+    records, report = build_mixture(episodes, sea)
+    assert [r["messages"][0]["content"] for r in records] == ["q1", "q2"]
+    assert report.to_dict()["search"]["dropped"] == {
+        "below_threshold": 1, "no_trainable_tokens": 2, "status_aborted": 1,
+    }  # fmt: skip
+    # TauSFT: completed only, and a length cap on prompt + response tokens
+    long = make_sample("retail", "r2", "Done.", 1.0, tool_turn=True)
+    long["tokens"] = list(range(50))
+    tau = [episode_from_record(make_sample("retail", "r1", "Done.", 1.0, tool_turn=True), "a:0"),
+           episode_from_record(make_sample("retail", "r3", "Done.", 1.0, "truncated", tool_turn=True), "a:1"),
+           episode_from_record(long, "a:2")]  # fmt: skip
+    records, report = build_mixture(tau, MixtureSettings(default_threshold=1.0, max_tokens=40))
+    assert [r["messages"][0]["content"] for r in records] == ["r1"]
+    assert report.to_dict()["retail"]["dropped"] == {"status_truncated": 1, "too_long": 1}
+    with pytest.raises(MixtureError, match="statuses"):
+        MixtureSettings(default_threshold=1.0, statuses=("finished",))
+    # the same through the CLI
+    out = tmp_path / "seasft.jsonl"
+    argv = ["distill", "sdft-data", "--dumps", f"search={search}", "--threshold", "0.4",
+            "--status", "completed", "truncated", "--out", str(out), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == 2

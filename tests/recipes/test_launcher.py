@@ -76,8 +76,10 @@ def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
     assert cfg.output_dir == str(tmp_path / "runs" / "mle_search" / "local")
     with pytest.raises(RecipeError, match="unknown local-stage settings"):
         local_config(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
-    with pytest.raises(RecipeError, match="RL stages only"):
+    with pytest.raises(RecipeError, match="RL stages and SFT warm starts"):
         local_config(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))
+    warm = local_config(load_recipe(REPO / "recipes/stage2_search_sft.yaml", ["cluster=local", f"paths.root={tmp_path}"]))
+    assert warm.env == "search" and warm.output_dir == str(tmp_path / "runs" / "stage2_search_sft" / "local")
 
 
 def _free_port() -> int:

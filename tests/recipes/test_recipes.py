@@ -40,6 +40,7 @@ def flag_value(argv: list[str], flag: str) -> list[str]:
 def test_every_yaml_under_recipes_is_covered():
     """No silent skipping: each YAML is a stage recipe, a group option, a curriculum or an eval suite."""
     covered = set(STAGE_RECIPES) | set(GROUP_FILES) | set(CURRICULA) | set(EVAL_SUITES)
+    covered |= {RECIPES / "fidelity" / "authors.yaml"}  # data, checked by test_fidelity.py
     every = set(RECIPES.rglob("*.yaml")) | set(RECIPES.rglob("*.yml"))
     assert every - covered == set()
     assert len(STAGE_RECIPES) >= 14
@@ -103,7 +104,7 @@ def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path, monkeypa
     assert flag_value(argv, "--custom-rm-path") == ["aclarena_slime.rollout.reward"]
     assert flag_value(argv, "--advantage-estimator") == ["gspo"]
     assert flag_value(argv, "--n-samples-per-prompt") == ["8"]
-    assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "stage1_math" / "checkpoint")]
+    assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "stage2_search_sft" / "checkpoint")]  # SeaSFT
     retriever = command.services["retriever"]
     assert (
         command.custom_config["aclarena_env_config"]["search"]["retriever_url"]
@@ -182,13 +183,14 @@ def test_lora_sync_defaults_to_disk_under_the_stage_checkpoint(tmp_path: Path):
 
 @pytest.mark.parametrize("name", MLE_RECIPES)
 def test_mle_experts_are_served_on_the_backbone_they_train_on(name: str, tmp_path: Path):
-    """SGLang loads --hf-checkpoint: for an MLE expert that is the SDFT backbone's HF export, not the base model."""
+    """SGLang loads --hf-checkpoint: for an MLE expert, the HF export of the SDFT iteration it loads (--ckpt-step),
+    not the base model and not the backbone's last export."""
     _, sdft = compiled("sdft_backbone", tmp=tmp_path)
     _, mle = compiled(name, tmp=tmp_path)
-    export = flag_value(sdft.train_args, "--save-hf")
-    assert export == [str(tmp_path / "runs" / "sdft_backbone" / "hf")]
-    assert flag_value(mle.train_args, "--hf-checkpoint") == export
-    assert flag_value(mle.train_args, "--load") == flag_value(sdft.train_args, "--save")
+    (save,) = flag_value(sdft.train_args, "--save")
+    (step,) = flag_value(mle.train_args, "--ckpt-step")
+    assert flag_value(mle.train_args, "--hf-checkpoint") == [f"{save}/hf_iter_{step}"]
+    assert flag_value(mle.train_args, "--load") == [save]
 
 
 def test_save_hf_must_be_one_folder(tmp_path: Path):
@@ -252,3 +254,17 @@ def test_plugin_paths_resolve(path: Path, tmp_path: Path):
 def test_missing_recipe_file_is_a_clear_error(tmp_path: Path):
     with pytest.raises(RecipeError, match="no such recipe"):
         load_recipe(tmp_path / "nope.yaml")
+
+
+def test_mle_experts_load_the_authors_sdft_iteration(tmp_path: Path):
+    """Which checkpoint is an explicit setting: --ckpt-step, with SGLang serving that iteration's export."""
+    for name, step in (("mle_math", 1000), ("mle_search", 500)):
+        argv = compiled(name, tmp=tmp_path)[1].train_args
+        assert flag_value(argv, "--ckpt-step") == [str(step)]
+        assert flag_value(argv, "--hf-checkpoint") == [f"{tmp_path}/runs/sdft_backbone/checkpoint/hf_iter_{step}"]
+    backbone = load_recipe(RECIPES / "sdft_backbone.yaml", [f"paths.root={tmp_path}"])
+    for name in ("mle_math", "mle_search", "mle_retail", "mle_if"):
+        step = load_recipe(RECIPES / f"{name}.yaml", [f"paths.root={tmp_path}"]).checkpoint.ckpt_step
+        assert step % backbone.checkpoint.save_interval == 0, f"{name}: iteration {step} is never saved"
+    with pytest.raises(ValueError, match="ckpt_step"):
+        load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "checkpoint.ckpt_step=0"])

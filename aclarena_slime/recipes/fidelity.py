@@ -1,0 +1,212 @@
+"""The fidelity table: every paper run, setting by setting, the authors' value beside ours.
+
+The authors' values (with the script and line each comes from) live in one data file,
+``recipes/fidelity/authors.yaml``; ours are read from the compiled recipe (the exact slime command and
+custom config :func:`compile_recipe` produces). A row is *same* when the two agree, *equivalent* when ours
+is the stated equivalent of theirs (a path in our layout, our plugin for theirs), and otherwise must
+say why we differ. Regenerate ``recipes/FIDELITY.md`` with::
+
+    python -m aclarena_slime.recipes.fidelity          # writes recipes/FIDELITY.md
+    python -m aclarena_slime.recipes.fidelity --check  # exit 1 when a difference has no reason or the file is stale
+
+Keys of a row name where our value is read: ``--flag`` (the compiled command line; a switch is ``true``,
+a flag not passed is ``null``), ``custom.a.b`` (the custom config slime sets on ``args``),
+``env.TAG.key`` (an env's settings), ``tis.key`` (the mismatch correction's settings when ``--use-tis``
+is on, else ``null``), ``recipe.a.b`` (the composed recipe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aclarena_slime.recipes.compiler import REPO_ROOT, SlimeCommand, compile_recipe
+from aclarena_slime.recipes.compose import load_recipe
+from aclarena_slime.recipes.schema import StageRecipe
+
+DATA = REPO_ROOT / "recipes" / "fidelity" / "authors.yaml"
+TABLE = REPO_ROOT / "recipes" / "FIDELITY.md"
+ROOT = "/ROOT"  # paths.root of the compiled recipes; shown as ${root}
+ROW_FIELDS = {"setting", "key", "authors", "source", "reason", "equivalent"}
+
+
+class FidelityError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Row:
+    run: str
+    setting: str
+    key: str
+    authors: Any
+    source: str
+    ours: Any
+    status: str  # "same", "equivalent", "differs" or "unexplained"
+    reason: str = ""
+
+
+def load_data(path: Path = DATA) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, Mapping) or not isinstance(data.get("runs"), Mapping):
+        raise FidelityError(f"{path}: expected a mapping with 'runs'")
+    return dict(data)
+
+
+def run_rows(data: Mapping[str, Any], run: str) -> list[dict[str, Any]]:
+    """The rows of ``run``: those of the run it inherits, replaced key by key by its own, in order."""
+    spec = data["runs"][run]
+    rows: dict[str, dict[str, Any]] = {}
+    if spec.get("inherits"):
+        rows = {row["key"]: row for row in run_rows(data, spec["inherits"])}
+    for row in spec.get("rows") or []:
+        unknown = set(row) - ROW_FIELDS
+        missing = {"setting", "key", "authors", "source"} - set(row)
+        if unknown or missing:
+            raise FidelityError(f"run {run}, row {row}: unknown fields {sorted(unknown)}, missing {sorted(missing)}")
+        rows[row["key"]] = row
+    return list(rows.values())
+
+
+def compiled(recipe_file: str) -> tuple[StageRecipe, SlimeCommand]:
+    recipe = load_recipe(REPO_ROOT / "recipes" / recipe_file, [f"paths.root={ROOT}"])
+    return recipe, compile_recipe(recipe)
+
+
+def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
+    """Our value of a row's key, from the compiled command (see the module docstring)."""
+    if key.startswith("--"):
+        argv = command.train_args
+        if key not in argv:
+            return None
+        values = []
+        for arg in argv[argv.index(key) + 1 :]:
+            if arg.startswith("--"):
+                break
+            values.append(arg)
+        return True if not values else values[0] if len(values) == 1 else " ".join(values)
+    head, _, rest = key.partition(".")
+    if head == "custom":
+        return _dig(command.custom_config, rest)
+    if head == "env":
+        return _dig(command.custom_config.get("aclarena_env_config") or {}, rest)
+    if head == "tis":
+        if "--use-tis" not in command.train_args:
+            return None
+        from aclarena_slime.tis import TisSettings
+
+        return getattr(TisSettings.from_mapping(command.custom_config.get("aclarena_tis")), rest)
+    if head == "recipe":
+        value: Any = recipe
+        for part in rest.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
+        return value
+    raise FidelityError(f"key {key!r}: starts with --, custom., env., tis. or recipe.")
+
+
+def _dig(mapping: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = mapping
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "—"
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    if isinstance(value, list | tuple):
+        return " ".join(_show(v) for v in value)
+    return str(value).replace(ROOT, "${root}")
+
+
+def agree(ours: Any, theirs: Any) -> bool:
+    """Switches as switches (on, or off/unset), numbers as numbers, anything else as its text."""
+    if theirs is None or isinstance(theirs, bool):
+        return ours is True if theirs else ours is None or ours is False
+    if ours is None or isinstance(ours, bool):
+        return False
+    try:
+        return float(ours) == float(theirs)
+    except (TypeError, ValueError):
+        return _show(ours) == _show(theirs)
+
+
+def table(data: Mapping[str, Any] | None = None) -> list[Row]:
+    data = data if data is not None else load_data()
+    out: list[Row] = []
+    for run, spec in data["runs"].items():
+        recipe, command = compiled(spec["recipe"])
+        for row in run_rows(data, run):
+            ours = our_value(row["key"], recipe, command)
+            if agree(ours, row["authors"]):
+                status, why = "same", ""
+            elif "equivalent" in row and agree(ours, row["equivalent"]):
+                status, why = "equivalent", str(row.get("reason") or "")
+            elif row.get("reason"):
+                status, why = "differs", str(row["reason"])
+            else:
+                status, why = "unexplained", ""
+            out.append(Row(run, row["setting"], row["key"], row["authors"], row["source"], ours, status, why))
+    return out
+
+
+def render(rows: list[Row], data: Mapping[str, Any] | None = None) -> str:
+    data = data if data is not None else load_data()
+    lines = [
+        "# Fidelity: the authors' runs against ours, setting by setting",
+        "",
+        "Generated by `python -m aclarena_slime.recipes.fidelity` from `recipes/fidelity/authors.yaml` (the",
+        "authors' values, each with its source in WillDreamer/ACLArena) and the compiled recipes (ours);",
+        "`tests/recipes/test_fidelity.py` fails when a difference has no reason or this file is stale.",
+        "Do not edit by hand. `${root}` is `paths.root`; — means not set.",
+        "",
+    ]
+    for run, spec in data["runs"].items():
+        lines += [f"## {run} — `recipes/{spec['recipe']}`", ""]
+        if spec.get("about"):
+            lines += [str(spec["about"]).strip(), ""]
+        lines += ["| setting | authors | source | ours | |", "|---|---|---|---|---|"]
+        for row in (r for r in rows if r.run == run):
+            verdict = {"same": "same", "unexplained": "**UNEXPLAINED**"}.get(row.status, row.reason or row.status)
+            if row.status == "equivalent":
+                verdict = "equivalent" + (f": {row.reason}" if row.reason else "")
+            cells = [row.setting, f"`{_show(row.authors)}`", row.source, f"`{_show(row.ours)}`", verdict]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m aclarena_slime.recipes.fidelity", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; fail on unexplained rows or a stale table")
+    args = parser.parse_args(argv)
+    rows = table()
+    text = render(rows)
+    bad = [r for r in rows if r.status == "unexplained"]
+    for row in bad:
+        print(f"{row.run}: {row.setting} ({row.key}): authors {_show(row.authors)}, ours {_show(row.ours)}, "
+              "and no reason", file=sys.stderr)  # fmt: skip
+    if args.check:
+        stale = not TABLE.is_file() or TABLE.read_text(encoding="utf-8") != text
+        if stale:
+            print(f"{TABLE} is stale: python -m aclarena_slime.recipes.fidelity", file=sys.stderr)
+        return 1 if bad or stale else 0
+    TABLE.write_text(text, encoding="utf-8")
+    print(f"wrote {TABLE} ({len(rows)} rows, {len(bad)} unexplained)", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""The local backend's SFT warm start: the shared filter, the cross-entropy step, and a whole stage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.records import Sample
+from aclarena_slime.local.sft import filter_settings, keep, run_sft_stage, sft_step
+from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
+
+
+def _sample(reward, status="completed", mask=(1, 1)):
+    _sample.n = getattr(_sample, "n", 0) + 1  # distinct conversations: the filter drops exact duplicates
+    messages = [{"role": "user", "content": f"q{_sample.n}"}, {"role": "assistant", "content": "a"}]
+    sample = Sample(prompt="q", metadata={"env": "math", "aclarena": {"messages": messages}})
+    sample.tokens, sample.loss_mask, sample.response_length = [5, 6, 7, 8], list(mask), 2
+    sample.reward, sample.status = reward, Sample.Status(status)
+    return sample
+
+
+def test_the_filter_is_the_sft_data_pipelines_own():
+    samples = [_sample(1.0), _sample(0.2), _sample(1.0, "truncated"), _sample(1.0, mask=(0, 0)), _sample(0.5)]
+    kept, report = keep(samples, "math", filter_settings({"min_reward": 0.4, "statuses": ["completed", "truncated"]}))
+    assert kept == [samples[0], samples[2], samples[4]]
+    assert report.to_dict()["math"]["dropped"] == {"below_threshold": 1, "no_trainable_tokens": 1}
+    kept, _ = keep(samples, "math", filter_settings({"min_reward": 1.0}))  # TauSFT: completed only
+    assert kept == [samples[0]]
+    with pytest.raises(ValueError, match="min_reward"):
+        filter_settings({"threshold": 1.0})
+
+
+def test_sft_steps_lower_the_loss_on_the_kept_tokens(tiny_model_dir):
+    trainer = LoraTrainer.build(
+        tiny_model_dir, TrainSettings(lr=5e-2), rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"]
+    )
+    data = [TrainSample(tokens=[3, 4, 5, 6, 7, 8], response_length=3, loss_mask=[1, 0, 1], rollout_log_probs=[0.0] * 3,
+                        reward=1.0, group=0)]  # fmt: skip
+    losses = [sft_step(trainer, data)["loss"] for _ in range(5)]
+    assert losses[-1] < losses[0]
+    assert sft_step(trainer, [TrainSample([1, 2], 1, [0], [0.0], 0.0, 0)])["samples"] == 0.0
+
+
+def test_a_warm_start_stage_writes_an_adapter_the_next_stage_can_start_from(tmp_path):
+    cfg = LocalStageConfig(
+        env="math", output_dir=str(tmp_path / "sft"), steps=1, prompts_per_step=2, samples_per_prompt=2,
+        eval_size=1, max_response_len=12, progress=False, torch_threads=1,
+    )  # fmt: skip
+    metrics = run_sft_stage(cfg, filter_settings({"min_reward": 0.0, "statuses": ["completed", "truncated"]}), epochs=2)
+    assert metrics["kind"] == "sft" and metrics["teacher_rollouts"] == 4
+    assert metrics["kept"] == metrics["filter"]["kept"] >= 1
+    assert [step["epoch"] for step in metrics["steps"]] == [0, 1]
+    assert json.loads((tmp_path / "sft" / "metrics.json").read_text())["kept"] == metrics["kept"]
+    assert (tmp_path / "sft" / "adapter" / "adapter_config.json").exists()
