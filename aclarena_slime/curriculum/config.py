@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from aclarena_slime.curriculum.monitor import MonitorError, MonitorSettings
 from aclarena_slime.recipes.compose import RecipeError
 
 STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says
@@ -42,6 +43,7 @@ class CurriculumConfig:
     base: str | None = None  # name of the base model row (for FWT), informational
     stages: list[StageEntry] = field(default_factory=list)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)  # forgetting checks inside each stage
 
 
 def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> CurriculumConfig:
@@ -58,7 +60,11 @@ def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         config: CurriculumConfig = OmegaConf.to_object(merged)
     except (OSError, OmegaConfBaseException) as exc:
         raise RecipeError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    except MonitorError as exc:
+        raise RecipeError(f"{path}: {exc}") from exc
     check(config, str(path))
+    if config.monitor.suite:  # relative to the curriculum file, like the stage recipes
+        config.monitor.suite = str((path.resolve().parent / config.monitor.suite).resolve())
     return config
 
 

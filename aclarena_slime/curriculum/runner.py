@@ -19,6 +19,7 @@ from typing import Any
 
 from aclarena_slime.curriculum.config import CurriculumConfig, StageEntry, load_curriculum, recipe_path
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
+from aclarena_slime.evaluation.monitor import attach_monitor
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
@@ -135,6 +136,8 @@ def run_curriculum(
         if source_name and (source is None or source.get("status") != DONE):
             raise CurriculumFailed(f"stage {entry.name} starts from {source_name}, which has not finished")
         recipe = stage_recipe(config, file, entry, source)
+        earlier = [(manifest.stage(e.name) or {}).get("env") for e in config.stages[: config.stages.index(entry)]]
+        attach_monitor(recipe, config.monitor, [d for d in earlier if d], recipe.cluster.name == "local")
         manifest.update_stage(
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,
@@ -152,7 +155,7 @@ def run_curriculum(
         manifest.update_stage(
             entry.name, status=DONE, backend=result.backend, checkpoint=result.checkpoint,
             hf_checkpoint=result.hf_checkpoint, adapter=result.adapter, metrics=_small(result.metrics),
-            finished_at=time.time(),
+            monitor=(result.metrics or {}).get("monitor"), finished_at=time.time(),
         )  # fmt: skip
         if entry.expert:
             if not result.adapter:
