@@ -108,8 +108,9 @@ class StageMonitor:
         self.seconds += time.monotonic() - started
         return self.monitor.should_stop
 
-    def report(self) -> dict[str, Any]:
-        out = {**self.monitor.to_dict(), "domains": self.domains, "seconds": round(self.seconds, 3)}
+    def report(self, rollouts: int) -> dict[str, Any]:
+        """The curves, alarms, the stage's length in rollouts and the seconds spent checking."""
+        out = {**self.monitor.to_dict(), "domains": self.domains, "rollouts": rollouts, "seconds": round(self.seconds, 3)}
         if self.monitor.settings.action == "keep" and self.monitor.alarms:
             out["kept_adapter"] = str(self.out / KEPT_DIR)
         return out

@@ -161,7 +161,7 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
         "eval_before": before,
         "eval_after": after,
         "steps": steps,
-        **({"monitor": monitor.report()} if monitor else {}),
+        **({"monitor": monitor.report(len(steps))} if monitor else {}),
     }
 
 
