@@ -9,6 +9,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aclarena_slime.curriculum.monitor import MonitorError, MonitorSettings
+from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.recipes.compose import RecipeError
 
 STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says
@@ -44,6 +45,7 @@ class CurriculumConfig:
     stages: list[StageEntry] = field(default_factory=list)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)  # forgetting checks inside each stage
+    replay: ReplaySettings = field(default_factory=ReplaySettings)  # the replay baseline's data mixture
 
 
 def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> CurriculumConfig:
@@ -60,7 +62,7 @@ def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         config: CurriculumConfig = OmegaConf.to_object(merged)
     except (OSError, OmegaConfBaseException) as exc:
         raise RecipeError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-    except MonitorError as exc:
+    except (MonitorError, ValueError) as exc:
         raise RecipeError(f"{path}: {exc}") from exc
     check(config, str(path))
     if config.monitor.suite:  # relative to the curriculum file, like the stage recipes

@@ -19,6 +19,7 @@ from typing import Any
 
 from aclarena_slime.curriculum.config import CurriculumConfig, StageEntry, load_curriculum, recipe_path
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
+from aclarena_slime.curriculum.replay import attach_replay
 from aclarena_slime.evaluation.monitor import attach_monitor
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
@@ -136,8 +137,10 @@ def run_curriculum(
         if source_name and (source is None or source.get("status") != DONE):
             raise CurriculumFailed(f"stage {entry.name} starts from {source_name}, which has not finished")
         recipe = stage_recipe(config, file, entry, source)
-        earlier = [(manifest.stage(e.name) or {}).get("env") for e in config.stages[: config.stages.index(entry)]]
-        attach_monitor(recipe, config.monitor, [d for d in earlier if d], recipe.cluster.name == "local")
+        before = config.stages[: config.stages.index(entry)]
+        local = recipe.cluster.name == "local"
+        attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before], local)
+        attach_replay(recipe, config.replay, [stage_recipe(config, file, e, None) for e in before], local)
         manifest.update_stage(
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,

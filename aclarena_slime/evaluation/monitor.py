@@ -122,7 +122,7 @@ def attach_monitor(recipe: Any, settings: MonitorSettings, domains: list[str], l
     Local: ``cluster.local.monitor``. Slime: an ``--eval-config`` beside the stage's outputs holding the
     stage's own eval datasets and the earlier domains', run every ``interval`` rollouts.
     """
-    domains = [d for d in dict.fromkeys(domains) if d != recipe.data.env]
+    domains = [d for d in dict.fromkeys(domains) if d and d != recipe.data.env]
     if not settings.enabled or not domains:
         return recipe
     if local:

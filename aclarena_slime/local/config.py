@@ -70,6 +70,9 @@ class LocalStageConfig:
     # The forgetting monitor (aclarena_slime.evaluation.monitor): MonitorSettings fields plus ``domains``,
     # the earlier env tags; the curriculum fills it. Empty: no monitor.
     monitor: Mapping[str, Any] = field(default_factory=dict)
+    # The replay baseline (aclarena_slime.curriculum.replay): ReplaySettings fields plus ``domains`` and their
+    # ``env_config``; the curriculum fills it. Empty: the stage's own records only.
+    replay: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.env or not isinstance(self.env, str):
@@ -137,6 +140,7 @@ class LocalStageConfig:
         out = asdict(self)
         out["env_config"] = dict(self.env_config)
         out["monitor"] = dict(self.monitor)
+        out["replay"] = dict(self.replay)
         out["lora_target_modules"] = list(self.lora_target_modules)
         return out
 

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from aclarena_slime import rollout
+from aclarena_slime.curriculum.replay import local_replay
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
@@ -122,6 +123,7 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
         aclarena_env_config={cfg.env: env_config},
         aclarena_experts={cfg.env: name},
     )
+    train = local_replay(cfg, train, args, url)  # the replay baseline: earlier envs' records join (else as is)
     limit = asyncio.Semaphore(cfg.max_concurrency)
     steps: list[dict[str, Any]] = []
     monitor = StageMonitor.for_stage(cfg, url, model_dir, adapter_dir)  # None: no earlier domain to watch
