@@ -37,6 +37,21 @@ class EvaluationConfig:
 
 
 @dataclass
+class KlAnchorSettings:
+    """The KL-anchor baseline: stage k's KL reference is the policy that ended stage k-1 (its checkpoint,
+    slime's ``--ref-load``), not the base model, with its own coefficient. Stage 1 keeps its recipe's reference.
+    The local backend's trainer has no KL term: there the setting is recorded but has no effect."""
+
+    enabled: bool = False
+    coef: float = 0.1  # --kl-loss-coef (the authors' scripts use 0.01 for math/search, 0.1 for retail)
+    loss_type: str = "low_var_kl"  # --kl-loss-type
+
+    def __post_init__(self) -> None:
+        if self.coef <= 0:
+            raise ValueError(f"kl_anchor.coef must be positive, got {self.coef!r}")
+
+
+@dataclass
 class CurriculumConfig:
     name: str = MISSING
     output_dir: str = MISSING
@@ -46,6 +61,7 @@ class CurriculumConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)  # forgetting checks inside each stage
     replay: ReplaySettings = field(default_factory=ReplaySettings)  # the replay baseline's data mixture
+    kl_anchor: KlAnchorSettings = field(default_factory=KlAnchorSettings)  # the KL-anchor baseline
 
 
 def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> CurriculumConfig:

@@ -17,7 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.curriculum.config import CurriculumConfig, StageEntry, load_curriculum, recipe_path
+from aclarena_slime.curriculum.config import (
+    CurriculumConfig,
+    KlAnchorSettings,
+    StageEntry,
+    load_curriculum,
+    recipe_path,
+)
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.replay import attach_replay
 from aclarena_slime.evaluation.monitor import attach_monitor
@@ -85,6 +91,17 @@ def lineage_overrides(source: dict[str, Any] | None) -> list[str]:
     raise CurriculumFailed(f"stage {source['name']} left neither a checkpoint nor an adapter to start from")
 
 
+def anchor_overrides(settings: KlAnchorSettings, source: dict[str, Any] | None) -> list[str]:
+    """The KL-anchor baseline's overrides: the reference is the source stage's checkpoint, with the KL loss on."""
+    if not settings.enabled:
+        return []
+    out = ["++algorithm.use_kl_loss=true", f"++algorithm.kl_loss_coef={settings.coef}",
+           f"++algorithm.kl_loss_type={settings.loss_type}"]  # fmt: skip
+    if source is not None and source.get("checkpoint"):  # explicit: a recipe pinning ref_load to the base loses
+        out.append(f"++checkpoint.ref_load={source['checkpoint']}")
+    return out
+
+
 def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source: dict[str, Any] | None) -> StageRecipe:
     """The recipe the stage runs; on the local backend with the local profile (else paper settings, services)."""
     path = recipe_path(file, entry)
@@ -93,6 +110,7 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         *normalise_overrides(list(config.overrides)),
         *lineage_overrides(source),
         *normalise_overrides(list(entry.overrides)),
+        *anchor_overrides(config.kl_anchor, source),
         f"name={entry.name}",
     ]
     recipe = load_recipe(path, overrides)
@@ -139,11 +157,15 @@ def run_curriculum(
         recipe = stage_recipe(config, file, entry, source)
         before = config.stages[: config.stages.index(entry)]
         local = recipe.cluster.name == "local"
+        if local and config.kl_anchor.enabled:
+            print(f"[curriculum] {entry.name}: the local backend has no KL term; kl_anchor has no effect there",
+                  file=sys.stderr)  # fmt: skip
         attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before], local)
         attach_replay(recipe, config.replay, [stage_recipe(config, file, e, None) for e in before], local)
         manifest.update_stage(
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,
+            ref_load=recipe.checkpoint.ref_load if recipe.algorithm.use_kl_loss else None,
             status=RUNNING, started_at=time.time(),
         )  # fmt: skip
         result = runner(recipe)

@@ -103,3 +103,46 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     metrics = json.loads((Path(second["adapter"]).parent / "metrics.json").read_text())
     assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
     assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
+
+
+@pytest.mark.parametrize("cluster", ["paper_2x8", "single_8"])
+def test_kl_anchor_references_the_previous_stages_checkpoint(tmp_path: Path, cluster: str):
+    runner = _run_fake("kl_anchor", tmp_path, cluster, "kl_anchor.coef=0.3")
+    first, *rest = runner.recipes
+    assert first.checkpoint.ref_load == first.model.torch_dist  # stage 1: the base model, as its recipe says
+    for previous, recipe in zip(runner.recipes, rest, strict=False):
+        assert recipe.checkpoint.ref_load == recipe.checkpoint.load == previous.checkpoint.save
+        argv = compile_recipe(recipe).train_args
+        assert argv[argv.index("--ref-load") + 1] == previous.checkpoint.save
+        assert argv[argv.index("--kl-loss-coef") + 1] == "0.3" and "--use-kl-loss" in argv
+    stages = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
+    assert stages[1]["ref_load"] == first.checkpoint.save  # the manifest says what each stage was anchored to
+
+
+def test_kl_anchor_pins_the_reference_even_where_a_recipe_names_the_base(tmp_path: Path):
+    path = tmp_path / "anchor.yaml"
+    path.write_text(
+        f"name: anchor\noutput_dir: {tmp_path / 'out'}\noverrides: [paths.root={tmp_path}, backend=slime]\n"
+        f"stages:\n  - {{name: a1, recipe: {RECIPES}/stage1_math.yaml}}\n"
+        f"  - {{name: a2, recipe: {RECIPES}/stage2_search.yaml, overrides: ['++checkpoint.ref_load=/models/base']}}\n"
+        "kl_anchor: {enabled: true}\n"
+    )
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    first, second = runner.recipes
+    assert second.checkpoint.ref_load == first.checkpoint.save and second.algorithm.kl_loss_coef == 0.1
+
+
+@pytest.mark.slow
+def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path, capfd):
+    path = tmp_path / "anchor.yaml"
+    path.write_text(
+        f"name: anchor_local\noutput_dir: {tmp_path / 'out'}\noverrides: [cluster=local, paths.root={tmp_path}]\n"
+        f"stages:\n  - {{name: a_math, recipe: {RECIPES}/stage1_math.yaml}}\n"
+        f"  - {{name: a_if, recipe: {RECIPES}/stage4_if.yaml}}\n"
+        "kl_anchor: {enabled: true, coef: 0.2}\n"
+    )
+    run_curriculum(path)
+    first, second = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
+    assert first["status"] == second["status"] == "done" and second["loaded"] == first["adapter"]
+    assert "the local backend has no KL term" in capfd.readouterr().err
