@@ -94,6 +94,25 @@ def monitor_curves(
     return _save(fig, path)
 
 
+def method_bars(methods: Sequence[tuple[str, Mapping[str, Any]]], path: str | Path) -> Path:
+    """The comparison at a glance: average accuracy, BWT and maximum forgetting per method (points)."""
+    metrics = (("average_accuracy", "avg accuracy"), ("bwt", "BWT"), ("max_forgetting", "max forgetting"))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(methods) + 2), 4))
+    width = 0.8 / len(metrics)
+    positions = np.arange(len(methods))
+    for i, (key, label) in enumerate(metrics):
+        values = [np.nan if m.get(key) is None else float(m[key]) for _, m in methods]
+        ax.bar(positions + (i - (len(metrics) - 1) / 2) * width, values, width, label=label)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(positions, labels=[name for name, _ in methods], rotation=20, ha="right")
+    ax.set_ylabel("points")
+    ax.set_title("continual-learning methods compared")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def stability_by_entropy(curves: Sequence[tuple[str, Sequence[float], Sequence[float]]], path: str | Path) -> Path:
     """Share of tokens whose top choice survives the next stage, per entropy bin; one line per stage pair.
 

@@ -24,6 +24,7 @@ from aclarena_slime.curriculum.config import (
     load_curriculum,
     recipe_path,
 )
+from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.replay import attach_replay
 from aclarena_slime.evaluation.monitor import attach_monitor
@@ -180,7 +181,8 @@ def run_curriculum(
         manifest.update_stage(
             entry.name, status=DONE, backend=result.backend, checkpoint=result.checkpoint,
             hf_checkpoint=result.hf_checkpoint, adapter=result.adapter, metrics=_small(result.metrics),
-            monitor=(result.metrics or {}).get("monitor"), finished_at=time.time(),
+            monitor=(result.metrics or {}).get("monitor"), cost=stage_cost(recipe, result.metrics),
+            finished_at=time.time(),
         )  # fmt: skip
         if entry.expert:
             if not result.adapter:

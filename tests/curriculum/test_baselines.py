@@ -103,6 +103,7 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     metrics = json.loads((Path(second["adapter"]).parent / "metrics.json").read_text())
     assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
     assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
+    assert second["cost"]["trainer_steps"] == 2 and second["cost"]["rollout_tokens"] > 0 and second["cost"]["counted"]
 
 
 @pytest.mark.parametrize("cluster", ["paper_2x8", "single_8"])
@@ -117,6 +118,8 @@ def test_kl_anchor_references_the_previous_stages_checkpoint(tmp_path: Path, clu
         assert argv[argv.index("--kl-loss-coef") + 1] == "0.3" and "--use-kl-loss" in argv
     stages = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
     assert stages[1]["ref_load"] == first.checkpoint.save  # the manifest says what each stage was anchored to
+    # slime's planned cost (its token counts stay in slime's logs): the comparison table reads it
+    assert stages[1]["cost"] == {"rollout_tokens": None, "trainer_steps": 500, "counted": False}
 
 
 def test_kl_anchor_pins_the_reference_even_where_a_recipe_names_the_base(tmp_path: Path):
