@@ -162,7 +162,8 @@ def run_curriculum(
             print(f"[curriculum] {entry.name}: the local backend has no KL term; kl_anchor has no effect there",
                   file=sys.stderr)  # fmt: skip
         attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before], local)
-        attach_replay(recipe, config.replay, [stage_recipe(config, file, e, None) for e in before], local)
+        if config.replay.enabled:
+            attach_replay(recipe, config.replay, [stage_recipe(config, file, e, None) for e in before], local)
         manifest.update_stage(
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,
