@@ -32,6 +32,7 @@ class MonitorSettings:
     # Eval suite with the earlier domains' datasets (relative to the curriculum file). None: each earlier
     # env's generated demo records (``demo_size`` of them) — the local backend only; slime needs data files.
     suite: str | None = None
+    services: dict[str, str] = field(default_factory=dict)  # the suite's ``services`` (e.g. retriever_url)
     demo_size: int = 8
     max_response_len: int = 64  # token budget of a demo-record check
     # env tag -> settings merged over each checked dataset's env settings; ``{local_engine}`` and

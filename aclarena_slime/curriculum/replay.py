@@ -42,11 +42,16 @@ def attach_replay(recipe: Any, settings: ReplaySettings, earlier: Sequence[Any],
         "current": own,
         "data": {tag: r.data.prompt_data for tag, r in previous.items()},
     }
-    for tag, r in previous.items():  # the multi-env rollout needs every replayed env, and what it calls
-        recipe.env_config.setdefault(tag, copy.deepcopy(r.env_config.get(tag) or {}))
+    adopt_envs(recipe, list(previous.values()))  # the multi-env rollout needs every replayed env
+    return recipe
+
+
+def adopt_envs(recipe: Any, earlier: Sequence[Any]) -> None:
+    """Give ``recipe`` the env settings and services of the ``earlier`` stages' envs (its own win)."""
+    for r in earlier:
+        recipe.env_config.setdefault(r.data.env, copy.deepcopy(r.env_config.get(r.data.env) or {}))
         for name, service in r.services.items():
             recipe.services.setdefault(name, service)
-    return recipe
 
 
 def local_replay(cfg: Any, train: list[dict[str, Any]], args: Any, url: str) -> list[dict[str, Any]]:

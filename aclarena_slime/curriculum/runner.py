@@ -161,9 +161,13 @@ def run_curriculum(
         if local and config.kl_anchor.enabled:
             print(f"[curriculum] {entry.name}: the local backend has no KL term; kl_anchor has no effect there",
                   file=sys.stderr)  # fmt: skip
-        attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before], local)
+        # the earlier stages' recipes lend their envs (and services) to replay and to slime's monitor eval
+        needs_earlier = config.replay.enabled or (config.monitor.enabled and not local)
+        earlier = [stage_recipe(config, file, e, None) for e in before] if needs_earlier else []
+        attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before],
+                       local, earlier)  # fmt: skip
         if config.replay.enabled:
-            attach_replay(recipe, config.replay, [stage_recipe(config, file, e, None) for e in before], local)
+            attach_replay(recipe, config.replay, earlier, local)
         manifest.update_stage(
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,

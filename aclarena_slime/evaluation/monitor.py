@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,21 @@ KEPT_DIR = "kept_adapter"  # the policy of the last check before a fall (action 
 
 
 def monitor_suite(
-    settings: MonitorSettings, domains: list[str], env_config: Mapping[str, Any] | None = None
+    settings: MonitorSettings, domains: list[str], env_config: Mapping[str, Any] | None = None, slime: bool = False
 ) -> EvalSuite:
-    """The datasets the monitor runs: the suite's datasets of ``domains``, or their demo records."""
+    """The datasets the monitor runs: the suite's datasets of ``domains``, or their demo records.
+
+    ``slime``: the datasets' env settings are dropped (slime's eval config cannot carry them; the stage's
+    ``aclarena_env_config`` applies), so only services their paths use need values.
+    """
     env_config = env_config or {}
     if settings.suite:
-        suite = load_suite(settings.suite).require_services()
-        datasets = tuple(d for d in suite.datasets if d.domain in domains or d.env in domains)
-        missing = [t for t in domains if not any(d.domain == t or d.env == t for d in datasets)]
+        suite = load_suite(settings.suite, settings.services)
+        datasets = tuple(d for d in suite.datasets if d.domain in domains)  # a domain is its env tag by default
+        if slime:
+            datasets = tuple(replace(d, env_config={}) for d in datasets)
+        suite = EvalSuite(suite.name, datasets).require_services()  # only the watched datasets need theirs
+        missing = [t for t in domains if not any(d.domain == t for d in datasets)]
         if missing:
             raise SuiteError(f"monitor suite {settings.suite} has no dataset for the earlier domain(s) {missing}")
     else:
@@ -116,11 +123,14 @@ class StageMonitor:
         return out
 
 
-def attach_monitor(recipe: Any, settings: MonitorSettings, domains: list[str], local: bool) -> Any:
+def attach_monitor(
+    recipe: Any, settings: MonitorSettings, domains: list[str], local: bool, earlier: Sequence[Any] = ()
+) -> Any:
     """Give a stage recipe its monitor over ``domains`` (the earlier env tags); returns the recipe.
 
     Local: ``cluster.local.monitor``. Slime: an ``--eval-config`` beside the stage's outputs holding the
-    stage's own eval datasets and the earlier domains', run every ``interval`` rollouts.
+    stage's own eval datasets and the earlier domains', run every ``interval`` rollouts; the ``earlier``
+    stage recipes lend their env settings and services, so slime's eval can run their envs.
     """
     domains = [d for d in dict.fromkeys(domains) if d and d != recipe.data.env]
     if not settings.enabled or not domains:
@@ -136,7 +146,10 @@ def attach_monitor(recipe: Any, settings: MonitorSettings, domains: list[str], l
     )
     if not settings.suite:
         raise SuiteError("monitor.suite is required on the slime backend: its eval config reads data files")
-    watched = monitor_suite(settings, domains)
+    watched = monitor_suite(settings, domains, slime=True)
+    from aclarena_slime.curriculum.replay import adopt_envs
+
+    adopt_envs(recipe, [r for r in earlier if r.data.env in domains])
     from aclarena_slime.evaluation.slime_config import slime_eval_config
 
     config = slime_eval_config(EvalSuite("monitor", own + watched.datasets), recipe.paths.data)
