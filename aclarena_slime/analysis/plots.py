@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -53,6 +54,60 @@ def domain_curves(matrix: ForgettingMatrix, path: str | Path, titles: Mapping[st
     ax.set_ylabel("accuracy (%)")
     ax.set_title("accuracy per domain across the curriculum")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def monitor_curves(
+    stages: Sequence[tuple[str, Mapping[str, Any]]], path: str | Path, titles: Mapping[str, str] | None = None
+) -> Path:
+    """The forgetting monitor's curves: each earlier domain's score against training step, stages side by side.
+
+    ``stages``: ``(stage, monitor report)`` in training order; a report has ``curves`` (domain -> [[step,
+    score], ...]), ``rollouts`` (the stage's length) and ``alarms``. Steps count over the watched stages;
+    a dashed line marks where each begins, a cross each alarm.
+    """
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(stages) + 2), 4))
+    colours: dict[str, Any] = {}
+    offset = 0
+    for stage, report in stages:
+        ax.axvline(offset, color="grey", linestyle="--", linewidth=0.8)
+        ax.annotate(stage, (offset, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", fontsize=7)
+        curves = report.get("curves") or {}
+        for domain, points in curves.items():
+            xs, ys = [offset + s for s, _ in points], [v for _, v in points]
+            label = None if domain in colours else (titles or {}).get(domain, domain)
+            (line,) = ax.plot(xs, ys, marker="o", markersize=3, color=colours.get(domain), label=label)
+            colours.setdefault(domain, line.get_color())
+        for alarm in report.get("alarms") or []:
+            ax.plot(offset + alarm["step"], alarm["score"], marker="x", markersize=9, color="red")
+        last = max((s for points in curves.values() for s, _ in points), default=0)
+        offset += int(report.get("rollouts") or last)
+    ax.set_xlabel("training step (rollouts, watched stages)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("earlier domains while each stage trains (x: forgetting alarm)")
+    ax.grid(alpha=0.3)
+    if colours:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def method_bars(methods: Sequence[tuple[str, Mapping[str, Any]]], path: str | Path) -> Path:
+    """The comparison at a glance: average accuracy, BWT and maximum forgetting per method (points)."""
+    metrics = (("average_accuracy", "avg accuracy"), ("bwt", "BWT"), ("max_forgetting", "max forgetting"))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(methods) + 2), 4))
+    width = 0.8 / len(metrics)
+    positions = np.arange(len(methods))
+    for i, (key, label) in enumerate(metrics):
+        values = [np.nan if m.get(key) is None else float(m[key]) for _, m in methods]
+        ax.bar(positions + (i - (len(metrics) - 1) / 2) * width, values, width, label=label)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(positions, labels=[name for name, _ in methods], rotation=20, ha="right")
+    ax.set_ylabel("points")
+    ax.set_title("continual-learning methods compared")
+    ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
     return _save(fig, path)

@@ -58,12 +58,16 @@ def write_forgetting_report(
         "results.csv": to_csv(results),
         "results.tex": to_latex(results, caption="Accuracy (%) per domain."),
     }
+    if curriculum.monitor:
+        files["monitor.json"] = json.dumps(dict(curriculum.monitor), indent=2) + "\n"
     for name, text in files.items():
         (out / name).write_text(text, encoding="utf-8")
     figures = [
         plots.heatmap(matrix, out / "heatmap.png", titles),
         plots.domain_curves(matrix, out / "curves.png", titles),
     ]
+    if curriculum.monitor:  # the forgetting monitor watched some stages while they trained
+        figures.append(plots.monitor_curves(curriculum.monitor, out / "monitor.png", titles))
     return {
         "matrix": matrix.to_dict(),
         "missing_stages": curriculum.missing,

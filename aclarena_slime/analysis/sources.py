@@ -57,6 +57,8 @@ class Curriculum:
     stages: list[StageResult]
     base: StageResult | None = None
     missing: list[str] = field(default_factory=list)
+    # (stage, the forgetting monitor's report) for the stages it watched, in training order
+    monitor: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def matrix(self, domains: Sequence[str] | None = None) -> ForgettingMatrix:
         if not self.stages:
@@ -113,10 +115,12 @@ def from_manifest(path: str | Path) -> Curriculum:
     entries = data.get("stages") if isinstance(data, Mapping) else None
     if not isinstance(entries, list):
         raise SourceError(f"{path}: a curriculum manifest has a 'stages' list in training order")
-    root, stages, missing = path.parent, [], []
+    root, stages, missing, monitor = path.parent, [], [], []
     for number, entry in enumerate(entries, 1):
         if not isinstance(entry, Mapping) or not entry.get("name"):
             raise SourceError(f"{path}: stage {number} needs a 'name'")
+        if isinstance(entry.get("monitor"), Mapping) and entry["monitor"].get("curves"):
+            monitor.append((str(entry["name"]), dict(entry["monitor"])))
         summary = _eval_path(entry, root)
         if summary is None or not summary.exists():
             missing.append(str(entry["name"]))
@@ -128,7 +132,7 @@ def from_manifest(path: str | Path) -> Curriculum:
     if base_path is None and data.get("base_eval"):
         base_path = root / data["base_eval"]
     base = load_summary(base_path, stage="base") if base_path is not None and base_path.exists() else None
-    return _with_inferred(Curriculum(stages, base, missing))
+    return _with_inferred(Curriculum(stages, base, missing, monitor))
 
 
 def _eval_path(entry: Mapping[str, Any], root: Path) -> Path | None:
@@ -144,4 +148,4 @@ def _with_inferred(curriculum: Curriculum) -> Curriculum:
         s if s.trained else StageResult(s.stage, infer_trained(s.stage, known), s.domains, s.datasets)
         for s in curriculum.stages
     ]
-    return Curriculum(stages, curriculum.base, curriculum.missing)
+    return Curriculum(stages, curriculum.base, curriculum.missing, curriculum.monitor)

@@ -82,6 +82,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     matrix.add_argument("--mle", type=Path, help="summary of the mixture of LoRA experts")
     matrix.add_argument("--columns", default="domains", help="domains | datasets | comma list (table columns)")
     matrix.add_argument("--reference", default="paper", help="'paper', 'none', or a reference JSON file")
+    matrix.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="METHOD=PATH",
+        help="compare runs instead: a curriculum manifest or one eval summary per method (repeat); writes "
+        "comparison.{md,csv,tex,json,png} to OUT",
+    )
     matrix.add_argument("--out", type=Path, required=True)
     matrix.add_argument("--json", action="store_true", help="print the matrix and metrics as JSON")
     matrix.set_defaults(handler=matrix_command)
@@ -223,6 +231,8 @@ def matrix_command(args: argparse.Namespace) -> int:
     from aclarena_slime.analysis.sources import SourceError, from_manifest, from_summaries, load_summary
     from aclarena_slime.analysis.tables import PAPER_REFERENCE, load_reference
 
+    if args.run:
+        return _comparison(args)
     if bool(args.manifest) == bool(args.summaries):
         raise CommandError("give either --manifest or the stage summaries in order, not both or neither")
     try:
@@ -247,4 +257,27 @@ def matrix_command(args: argparse.Namespace) -> int:
     print((args.out / "results.md").read_text())
     if curriculum.missing:
         print(f"stages without an eval summary yet: {', '.join(curriculum.missing)}", file=sys.stderr)
+    return 0
+
+
+def _comparison(args: argparse.Namespace) -> int:
+    """``--run METHOD=PATH ...``: one table across methods (``--base`` gives every curriculum its FWT)."""
+    from aclarena_slime.analysis.comparison import load_run, write_comparison
+    from aclarena_slime.analysis.forgetting import MatrixError
+    from aclarena_slime.analysis.sources import SourceError
+
+    if args.manifest or args.summaries:
+        raise CommandError("--run compares whole runs; give the stage summaries or --manifest without it")
+    try:
+        rows = [load_run(method, path, args.base) for method, path in _pairs(args.run, "--run").items()]
+        report = write_comparison(rows, args.out)
+    except (SourceError, MatrixError, OSError) as exc:
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print((args.out / "comparison.md").read_text())
+    for row in rows:
+        if row.missing:
+            print(f"{row.method}: stages without an eval summary yet: {', '.join(row.missing)}", file=sys.stderr)
     return 0

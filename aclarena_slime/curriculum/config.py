@@ -8,6 +8,8 @@ from pathlib import Path
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from aclarena_slime.curriculum.monitor import MonitorError, MonitorSettings
+from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.recipes.compose import RecipeError
 
 STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says
@@ -35,6 +37,21 @@ class EvaluationConfig:
 
 
 @dataclass
+class KlAnchorSettings:
+    """The KL-anchor baseline: stage k's KL reference is the policy that ended stage k-1 (its checkpoint,
+    slime's ``--ref-load``), not the base model, with its own coefficient. Stage 1 keeps its recipe's reference.
+    The local backend's trainer has no KL term: there the setting is recorded but has no effect."""
+
+    enabled: bool = False
+    coef: float = 0.1  # --kl-loss-coef (the authors' scripts use 0.01 for math/search, 0.1 for retail)
+    loss_type: str = "low_var_kl"  # --kl-loss-type
+
+    def __post_init__(self) -> None:
+        if self.coef <= 0:
+            raise ValueError(f"kl_anchor.coef must be positive, got {self.coef!r}")
+
+
+@dataclass
 class CurriculumConfig:
     name: str = MISSING
     output_dir: str = MISSING
@@ -42,6 +59,9 @@ class CurriculumConfig:
     base: str | None = None  # name of the base model row (for FWT), informational
     stages: list[StageEntry] = field(default_factory=list)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)  # forgetting checks inside each stage
+    replay: ReplaySettings = field(default_factory=ReplaySettings)  # the replay baseline's data mixture
+    kl_anchor: KlAnchorSettings = field(default_factory=KlAnchorSettings)  # the KL-anchor baseline
 
 
 def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> CurriculumConfig:
@@ -58,7 +78,11 @@ def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         config: CurriculumConfig = OmegaConf.to_object(merged)
     except (OSError, OmegaConfBaseException) as exc:
         raise RecipeError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    except (MonitorError, ValueError) as exc:
+        raise RecipeError(f"{path}: {exc}") from exc
     check(config, str(path))
+    if config.monitor.suite:  # relative to the curriculum file, like the stage recipes
+        config.monitor.suite = str((path.resolve().parent / config.monitor.suite).resolve())
     return config
 
 

@@ -19,8 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.curriculum.config import CurriculumConfig, StageEntry, load_curriculum, recipe_path
+from aclarena_slime.curriculum.config import (
+    CurriculumConfig,
+    KlAnchorSettings,
+    StageEntry,
+    load_curriculum,
+    recipe_path,
+)
+from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
+from aclarena_slime.curriculum.replay import attach_replay
+from aclarena_slime.evaluation.monitor import attach_monitor
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
 from aclarena_slime.lora.checkpoint import adapter_checkpoint_root, latest_iteration
@@ -86,6 +95,17 @@ def lineage_overrides(source: dict[str, Any] | None) -> list[str]:
     raise CurriculumFailed(f"stage {source['name']} left neither a checkpoint nor an adapter to start from")
 
 
+def anchor_overrides(settings: KlAnchorSettings, source: dict[str, Any] | None) -> list[str]:
+    """The KL-anchor baseline's overrides: the reference is the source stage's checkpoint, with the KL loss on."""
+    if not settings.enabled:
+        return []
+    out = ["++algorithm.use_kl_loss=true", f"++algorithm.kl_loss_coef={settings.coef}",
+           f"++algorithm.kl_loss_type={settings.loss_type}"]  # fmt: skip
+    if source is not None and source.get("checkpoint"):  # explicit: a recipe pinning ref_load to the base loses
+        out.append(f"++checkpoint.ref_load={source['checkpoint']}")
+    return out
+
+
 def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source: dict[str, Any] | None) -> StageRecipe:
     """The recipe the stage runs; on the local backend with the local profile (else paper settings, services)."""
     path = recipe_path(file, entry)
@@ -94,6 +114,7 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         *normalise_overrides(list(config.overrides)),
         *lineage_overrides(source),
         *normalise_overrides(list(entry.overrides)),
+        *anchor_overrides(config.kl_anchor, source),
         f"name={entry.name}",
     ]
     recipe = load_recipe(path, overrides)
@@ -145,12 +166,25 @@ def run_curriculum(
         if source_name and (source is None or source.get("status") != DONE):
             raise CurriculumFailed(f"stage {entry.name} starts from {source_name}, which has not finished")
         recipe = stage_recipe(config, file, entry, source)
+        before = config.stages[: config.stages.index(entry)]
+        local = recipe.cluster.name == "local"
+        if local and config.kl_anchor.enabled:
+            print(f"[curriculum] {entry.name}: the local backend has no KL term; kl_anchor has no effect there",
+                  file=sys.stderr)  # fmt: skip
+        # the earlier stages' recipes lend their envs (and services) to replay and to slime's monitor eval
+        needs_earlier = config.replay.enabled or (config.monitor.enabled and not local)
+        earlier = [stage_recipe(config, file, e, None) for e in before] if needs_earlier else []
+        attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before],
+                       local, earlier)  # fmt: skip
+        if config.replay.enabled:
+            attach_replay(recipe, config.replay, earlier, local)
         resumed = latest_iteration(adapter_checkpoint_root(recipe.checkpoint.save)) if recipe.lora.enabled else None
         if resumed is not None:
             print(f"[curriculum] {entry.name}: resuming its adapter from iteration {resumed}", file=sys.stderr)
         manifest.update_stage(
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,
+            ref_load=recipe.checkpoint.ref_load if recipe.algorithm.use_kl_loss else None,
             status=RUNNING, started_at=time.time(), resumed_adapter_iteration=resumed,
         )  # fmt: skip
         result = runner(recipe)
@@ -165,6 +199,7 @@ def run_curriculum(
         manifest.update_stage(
             entry.name, status=DONE, backend=result.backend, checkpoint=result.checkpoint,
             hf_checkpoint=result.hf_checkpoint, adapter=result.adapter, metrics=_small(result.metrics),
+            monitor=(result.metrics or {}).get("monitor"), cost=stage_cost(recipe, result.metrics),
             finished_at=time.time(),
         )  # fmt: skip
         if entry.expert:

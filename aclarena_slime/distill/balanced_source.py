@@ -14,6 +14,12 @@ Slime constructs it as ``cls(args)`` and reads: ``prompt_data`` and the dataset 
 ``rollout_shuffle``, ``rollout_seed``, ``save`` / ``load``. The domain of a record is
 ``metadata[args.aclarena_balance_key]`` when that is set, else ``metadata.domain``, else
 ``metadata.env`` (the env tag): SDFT mixtures and mixed RL prompt streams both work.
+
+Replay (the continual-learning baseline): ``args.aclarena_replay`` (:class:`ReplaySettings` as a mapping,
+set by the curriculum) gives the stage's own domain ``1 - share`` of every batch and the earlier domains
+``share``, split by ``rule`` (``uniform``: equally; ``size``: by their record counts); the earlier
+domains' prompts come from ``data`` (env tag -> their stages' prompt files). Unequal shares are drawn by
+largest remainder over the running totals, so every domain stays within one record of its share.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import logging
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +38,57 @@ log = logging.getLogger(__name__)
 STATE_FILE = "rollout/aclarena_balanced_source_{rollout_id}.json"
 
 
-class DomainBalancer:
-    """Index draws over per-domain buckets: equal shares, reshuffle on exhaustion, resumable state."""
+REPLAY_RULES = ("uniform", "size")
 
-    def __init__(self, buckets: Mapping[str, Sequence[int]], seed: int = 0, shuffle: bool = True) -> None:
+
+@dataclass
+class ReplaySettings:
+    """The ``replay:`` section of a curriculum: how much of each batch replays earlier domains, and how."""
+
+    enabled: bool = False
+    share: float = 0.25  # of every batch, for the earlier domains together
+    rule: str = "uniform"  # uniform | size: how ``share`` splits over the earlier domains
+    data: dict[str, str] = field(default_factory=dict)  # env tag -> prompt file (filled by the curriculum)
+    current: str | None = None  # the stage's own domain (filled by the curriculum; else the first record's)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share < 1.0:
+            raise ValueError(f"replay.share must be between 0 and 1 (exclusive), got {self.share!r}")
+        if self.rule not in REPLAY_RULES:
+            raise ValueError(f"replay.rule must be one of {', '.join(REPLAY_RULES)}, got {self.rule!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def replay_weights(current: str, sizes: Mapping[str, int], share: float, rule: str = "uniform") -> dict[str, float]:
+    """Each domain's share of a batch: ``current`` gets ``1 - share``, the others split ``share`` by ``rule``."""
+    if current not in sizes:
+        raise ValueError(f"the stage's own domain {current!r} has no records (domains: {', '.join(sorted(sizes))})")
+    earlier = sorted(d for d in sizes if d != current)
+    if not earlier:
+        return {current: 1.0}
+    total = sum(sizes[d] for d in earlier)
+    split = {d: (sizes[d] / total if rule == "size" else 1 / len(earlier)) for d in earlier}
+    return {current: 1.0 - share, **{d: share * split[d] for d in earlier}}
+
+
+class DomainBalancer:
+    """Index draws over per-domain buckets: equal shares (or ``weights``), reshuffle on exhaustion, resumable."""
+
+    def __init__(
+        self,
+        buckets: Mapping[str, Sequence[int]],
+        seed: int = 0,
+        shuffle: bool = True,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
         if not buckets or any(len(v) == 0 for v in buckets.values()):
             raise ValueError("every domain needs at least one record")
+        if weights is not None and (set(weights) != set(buckets) or abs(sum(weights.values()) - 1.0) > 1e-9):
+            raise ValueError(f"weights {dict(weights)} must cover the domains {sorted(buckets)} and sum to 1")
+        self.weights = dict(weights) if weights is not None else None
+        self.drawn = dict.fromkeys(buckets, 0)  # running totals (weighted draws)
         self.domains = sorted(buckets)  # fixed order: the draw sequence must not depend on file order
         self.buckets = {d: list(buckets[d]) for d in self.domains}
         self.seed, self.shuffle = seed, shuffle
@@ -58,15 +110,33 @@ class DomainBalancer:
         return order
 
     def quotas(self, n: int) -> dict[str, int]:
+        if self.weights is not None:
+            return self._weighted_quotas(n)
         k = len(self.domains)
         share = dict.fromkeys(self.domains, n // k)
         for i in range(n % k):
             share[self.domains[(self.cursor + i) % k]] += 1
         return share
 
+    def _weighted_quotas(self, n: int) -> dict[str, int]:
+        """Largest remainder over the running totals: each domain within one draw of its share."""
+        assert self.weights is not None
+        total = sum(self.drawn.values()) + n
+        target = {d: total * self.weights[d] - self.drawn[d] for d in self.domains}
+        share = {d: max(0, int(target[d])) for d in self.domains}
+        rest = sorted(self.domains, key=lambda d: (-(target[d] - share[d]), self.domains.index(d)))
+        for d in rest[: max(0, n - sum(share.values()))]:
+            share[d] += 1
+        while sum(share.values()) > n:  # only when a domain was ahead of its share: trim the most ahead
+            d = max((d for d in self.domains if share[d]), key=lambda d: share[d] - target[d])
+            share[d] -= 1
+        return share
+
     def draw(self, n: int) -> list[int]:
-        """``n`` indices, equal shares per domain, interleaved (d1, d2, ..., d1, d2, ...)."""
+        """``n`` indices, equal (or weighted) shares per domain, interleaved (d1, d2, ..., d1, d2, ...)."""
         share = self.quotas(n)
+        for d in self.domains:
+            self.drawn[d] += share[d]
         self.cursor = (self.cursor + n % len(self.domains)) % len(self.domains)
         taken = {d: self._take(d, share[d]) for d in self.domains}
         out: list[int] = []
@@ -97,6 +167,7 @@ class DomainBalancer:
             "sizes": {d: len(self.buckets[d]) for d in self.domains},
             "bucket_epoch": dict(self.bucket_epoch),
             "offset": dict(self.offset),
+            "drawn": dict(self.drawn),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -104,6 +175,7 @@ class DomainBalancer:
         if dict(state.get("sizes", {})) != sizes:
             raise ValueError(f"saved balancer state is for domains {state.get('sizes')}, the data has {sizes}")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self.drawn = {d: int((state.get("drawn") or {}).get(d, 0)) for d in self.domains}
         for d in self.domains:
             self.bucket_epoch[d] = int(state["bucket_epoch"][d])
             self.offset[d] = int(state["offset"][d])
@@ -125,7 +197,12 @@ class BalancedDataSource:
 
     def __init__(self, args: Any, *, samples: Sequence[Any] | None = None) -> None:
         self.args = args
-        self.samples = list(samples) if samples is not None else _slime_dataset(args)
+        self.samples = list(samples) if samples is not None else _slime_dataset(args, args.prompt_data)
+        replay = getattr(args, "aclarena_replay", None)
+        replay = ReplaySettings(**replay) if isinstance(replay, Mapping) else None
+        if replay is not None and samples is None:  # the earlier domains' prompts, built as slime builds them
+            for path in replay.data.values():
+                self.samples += _slime_dataset(args, path)
         key = getattr(args, "aclarena_balance_key", None)
         buckets: dict[str, list[int]] = {}
         for index, sample in enumerate(self.samples):
@@ -136,10 +213,15 @@ class BalancedDataSource:
             buckets.setdefault(domain, []).append(index)
         if not buckets:
             raise ValueError(f"no records in {getattr(args, 'prompt_data', 'the data')}")
+        weights = None
+        if replay is not None:
+            current = replay.current or domain_of(self.samples[0].metadata, key)
+            weights = replay_weights(current, {d: len(v) for d, v in buckets.items()}, replay.share, replay.rule)
         self.balancer = DomainBalancer(
             buckets,
             seed=int(getattr(args, "rollout_seed", 0) or 0),
             shuffle=bool(getattr(args, "rollout_shuffle", True)),
+            weights=weights,
         )
         self.buffer: list[list[Any]] = []
         self.sample_group_index = 0
@@ -203,15 +285,15 @@ class BalancedDataSource:
         self.sample_index = int(state["sample_index"])
 
 
-def _slime_dataset(args: Any) -> list[Any]:
-    """The prompt samples exactly as slime's own data source builds them (needs slime)."""
+def _slime_dataset(args: Any, path: str) -> list[Any]:
+    """The prompt samples of ``path`` exactly as slime's own data source builds them (needs slime)."""
     from slime.utils.data import Dataset
     from slime.utils.processing_utils import load_processor, load_tokenizer
 
     if not getattr(args, "rollout_global_dataset", True) or args.prompt_data is None:
         raise ValueError("BalancedDataSource needs the global dataset (no --disable-rollout-global-dataset) and --prompt-data")
     dataset = Dataset(
-        args.prompt_data,
+        path,
         tokenizer=load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
         processor=load_processor(args.hf_checkpoint, trust_remote_code=True),
         max_length=args.rollout_max_prompt_len,

@@ -67,6 +67,12 @@ class LocalStageConfig:
     torch_threads: int | None = None  # None: torch's default; 1 is fastest for the tiny model
     served_name: str = "local"  # OpenAI model name of the base; "<served_name>:<adapter>" for an adapter
     progress: bool = True
+    # The forgetting monitor (aclarena_slime.evaluation.monitor): MonitorSettings fields plus ``domains``,
+    # the earlier env tags; the curriculum fills it. Empty: no monitor.
+    monitor: Mapping[str, Any] = field(default_factory=dict)
+    # The replay baseline (aclarena_slime.curriculum.replay): ReplaySettings fields plus ``domains`` and their
+    # ``env_config``; the curriculum fills it. Empty: the stage's own records only.
+    replay: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.env or not isinstance(self.env, str):
@@ -133,6 +139,8 @@ class LocalStageConfig:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["env_config"] = dict(self.env_config)
+        out["monitor"] = dict(self.monitor)
+        out["replay"] = dict(self.replay)
         out["lora_target_modules"] = list(self.lora_target_modules)
         return out
 

@@ -26,6 +26,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from aclarena_slime import rollout
+from aclarena_slime.curriculum.replay import local_replay
+from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.engine import LocalEngine
@@ -121,12 +123,16 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
         aclarena_env_config={cfg.env: env_config},
         aclarena_experts={cfg.env: name},
     )
+    train = local_replay(cfg, train, args, url)  # the replay baseline: earlier envs' records join (else as is)
     limit = asyncio.Semaphore(cfg.max_concurrency)
     steps: list[dict[str, Any]] = []
+    monitor = StageMonitor.for_stage(cfg, url, model_dir, adapter_dir)  # None: no earlier domain to watch
     with _progress(cfg.progress) as progress:
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
         before = await evaluate(args, evaluation, cfg, limit)
         progress.advance(task)
+        if monitor:
+            await monitor.check(0)
         for step in range(cfg.steps):
             t0 = time.monotonic()
             records = train[step * cfg.prompts_per_step : (step + 1) * cfg.prompts_per_step]
@@ -143,6 +149,8 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
                 advance=1,
                 description=f"{cfg.env}: step {step + 1}/{cfg.steps} reward {steps[-1]['reward_mean']:.3f}",
             )
+            if monitor and await monitor.check(step + 1):
+                break  # the monitor's action "stop": an earlier domain fell
         after = await evaluate(args, evaluation, cfg, limit)
         progress.advance(task)
     return {
@@ -155,6 +163,7 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
         "eval_before": before,
         "eval_after": after,
         "steps": steps,
+        **({"monitor": monitor.report(len(steps))} if monitor else {}),
     }
 
 

@@ -103,3 +103,29 @@ def test_infer_trained_needs_exactly_one_match():
     assert infer_trained("stage2_search", ["math", "search"]) == "search"
     assert infer_trained("stage4_if", ["math", "ifeval"]) is None
     assert infer_trained("math_search_mix", ["math", "search"]) is None
+
+
+def test_the_monitors_curves_become_a_plot_in_the_report(tmp_path, capsys):
+    """Stages the forgetting monitor watched: monitor.json and monitor.png beside the matrix."""
+    for stage in ("e1", "e2", "e3"):
+        _summary(tmp_path / stage / "summary.json", stage, STAGES[0][1])
+    alarm = {"domain": "math", "step": 4, "baseline": 25.0, "score": 10.0, "kept_step": 2, "drop": 15.0}
+    watched = [
+        {"curves": {"math": [[0, 25.0], [2, 24.0], [4, 10.0]]}, "alarms": [alarm], "rollouts": 4},
+        {"curves": {"math": [[0, 12.0], [4, 11.0]], "search": [[0, 40.0], [4, 39.0]]}, "alarms": [], "rollouts": 4},
+    ]
+    manifest = {
+        "stages": [
+            {"name": "s1", "env": "math", "eval": "e1/summary.json"},
+            {"name": "s2", "env": "search", "eval": "e2/summary.json", "monitor": watched[0]},
+            {"name": "s3", "env": "retail", "eval": "e3/summary.json", "monitor": watched[1]},
+        ]
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert [s for s, _ in from_manifest(tmp_path / "manifest.json").monitor] == ["s2", "s3"]
+    out = tmp_path / "r"
+    assert main(["eval", "matrix", "--manifest", str(tmp_path / "manifest.json"), "--out", str(out), "--json"]) == 0
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert str(out / "monitor.png") in files and str(out / "monitor.json") in files
+    assert (out / "monitor.png").read_bytes()[:8] == PNG and (out / "monitor.png").stat().st_size > 5000
+    assert json.loads((out / "monitor.json").read_text())["s2"]["alarms"] == [alarm]

@@ -296,3 +296,55 @@ def test_a_crashed_lora_stage_resumes_its_adapter_checkpoint(tmp_path: Path):
     assert second.checkpoint.save == first.checkpoint.save
     data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
     assert data["stages"][1]["status"] == DONE and data["stages"][1]["resumed_adapter_iteration"] == 3
+
+
+def _with_monitor(path: Path, suite: str | None, backend: str) -> Path:
+    text = path.read_text().replace(f"'paths.root={path.parent}'", f"'paths.root={path.parent}', backend={backend}")
+    monitor = "{enabled: true, interval: 5, max_drop: 3.0" + (f", suite: {suite}" if suite else "") + "}"
+    path.write_text(text + f"monitor: {monitor}\n")
+    return path
+
+
+def test_the_monitor_watches_the_earlier_domains_of_a_local_stage(tmp_path: Path):
+    path = _with_monitor(write_curriculum(tmp_path, "seq", SEQUENTIAL[:3]), None, "local")
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    monitors = [r.cluster.local.get("monitor") for r in runner.recipes]
+    assert monitors[0] is None  # nothing trained before the first stage
+    assert monitors[1]["domains"] == ["math"] and monitors[2]["domains"] == ["math", "search"]
+    assert monitors[2]["interval"] == 5 and monitors[2]["max_drop"] == 3.0
+    # the local stage's settings accept it
+    from aclarena_slime.launcher.local_stage import local_config
+
+    assert local_config(runner.recipes[2]).monitor["domains"] == ["math", "search"]
+
+
+def test_on_slime_the_earlier_domains_join_the_stages_eval_config(tmp_path: Path):
+    import yaml
+
+    from aclarena_slime.recipes.compiler import compile_recipe
+
+    (tmp_path / "watch.yaml").write_text(
+        "name: watch\ndatasets:\n  gsm: {env: math, path: /data/math/gsm.jsonl, limit: 50}\n"
+        "  nq: {env: search, path: /data/search/nq.jsonl}\n"
+    )
+    path = _with_monitor(write_curriculum(tmp_path, "seq", SEQUENTIAL[:2]), "watch.yaml", "slime")
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    first, second = runner.recipes
+    assert "eval_config" not in first.extra
+    config = yaml.safe_load(Path(second.extra["eval_config"]).read_text())
+    names = [d["name"] for d in config["eval"]["datasets"]]
+    assert names == ["nq_test", "gsm"]  # the stage's own eval set stays; only the earlier domain joins
+    assert config["eval"]["datasets"][1]["path"] == "/data/math/gsm.jsonl@[0:50]"
+    assert config["eval"]["datasets"][1]["metadata_overrides"] == {"env": "math"}
+    argv = compile_recipe(second).train_args
+    assert argv[argv.index("--eval-config") + 1] == second.extra["eval_config"]
+    assert argv[argv.index("--eval-interval") + 1] == "5" and "--eval-prompt-data" not in argv
+
+
+def test_a_bad_monitor_setting_is_a_recipe_error(tmp_path: Path):
+    path = write_curriculum(tmp_path, "seq", SEQUENTIAL[:1])
+    path.write_text(path.read_text() + "monitor: {enabled: true, action: panic}\n")
+    with pytest.raises(RecipeError, match="monitor.action"):
+        run_curriculum(path, runner=FakeRunner(), evaluator=lambda *_: None)

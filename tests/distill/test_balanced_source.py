@@ -133,3 +133,48 @@ def test_unshuffled_balancer_is_deterministic_round_robin():
     assert balancer.draw(4) == [0, 4, 1, 2]  # a wrapped around; b continues
     with pytest.raises(ValueError, match="at least one record"):
         DomainBalancer({"a": []})
+
+
+def test_replay_weights_split_the_share_over_earlier_domains():
+    from aclarena_slime.distill.balanced_source import replay_weights
+
+    assert replay_weights("c", {"c": 10, "a": 30, "b": 10}, 0.2) == pytest.approx({"c": 0.8, "a": 0.1, "b": 0.1})
+    assert replay_weights("c", {"c": 10, "a": 30, "b": 10}, 0.2, "size") == pytest.approx(
+        {"c": 0.8, "a": 0.15, "b": 0.05}
+    )
+    assert replay_weights("c", {"c": 5}, 0.3) == {"c": 1.0}  # the first stage: nothing to replay
+    with pytest.raises(ValueError, match="own domain 'x'"):
+        replay_weights("x", {"c": 5}, 0.3)
+
+
+def test_replay_source_keeps_each_domain_within_one_record_of_its_share(make_sample):
+    replay = {"enabled": True, "share": 0.25, "rule": "uniform", "current": "math"}
+    source = BalancedDataSource(_args(aclarena_replay=replay), samples=_mixture_samples(make_sample))
+    totals: Counter = Counter()
+    for n in (7, 8, 5, 12, 9, 3, 16):
+        totals += Counter(_domains(source.get_samples(n)))
+        drawn = sum(totals.values())
+        expected = {"math": 0.75 * drawn, "search": 0.125 * drawn, "tau": 0.125 * drawn}
+        assert all(abs(totals[d] - expected[d]) < 1 for d in expected), (totals, drawn)
+    assert totals["math"] == 45  # 60 drawn: 3/4 of every batch from the stage's own domain
+
+
+def test_replay_draws_resume_exactly(tmp_path, make_sample):
+    replay = {"enabled": True, "share": 0.4, "rule": "size", "current": "search"}
+    samples = _mixture_samples(make_sample)
+    first = BalancedDataSource(_args(tmp_path, aclarena_replay=replay), samples=samples)
+    first.get_samples(11)
+    first.save(3)
+    expected = _domains(first.get_samples(13))
+    second = BalancedDataSource(_args(tmp_path, aclarena_replay=replay), samples=samples)
+    second.load(3)
+    assert _domains(second.get_samples(13)) == expected
+
+
+def test_bad_replay_settings_are_named():
+    from aclarena_slime.distill.balanced_source import ReplaySettings
+
+    with pytest.raises(ValueError, match="replay.share"):
+        ReplaySettings(share=1.0)
+    with pytest.raises(ValueError, match="replay.rule"):
+        ReplaySettings(rule="recent")

@@ -1,0 +1,168 @@
+"""The replay and KL-anchor curricula: compiled for the cluster profiles, run on the local profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from aclarena_slime.curriculum.manifest import MANIFEST_NAME
+from aclarena_slime.curriculum.replay import DATA_SOURCE, local_replay, replay_records
+from aclarena_slime.curriculum.runner import run_curriculum
+from aclarena_slime.launcher.stage import StageResult
+from aclarena_slime.recipes.compiler import compile_recipe
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+CURRICULA = RECIPES / "curriculum"
+
+
+class FakeRunner:
+    """Keeps each stage's recipe and 'trains' by naming a checkpoint folder (slime is not run here)."""
+
+    def __init__(self) -> None:
+        self.recipes: list = []
+
+    def __call__(self, recipe) -> StageResult:
+        self.recipes.append(recipe)
+        return StageResult(0, "fake", checkpoint=recipe.checkpoint.save)
+
+
+def _run_fake(name: str, tmp_path: Path, cluster: str, *extra: str) -> FakeRunner:
+    runner = FakeRunner()
+    overrides = [f"output_dir={tmp_path / 'out'}", f"overrides=[paths.root={tmp_path},backend=slime,cluster={cluster}]"]
+    run_curriculum(CURRICULA / f"{name}.yaml", [*overrides, *extra], runner=runner, evaluator=lambda *_: None)
+    return runner
+
+
+@pytest.mark.parametrize("cluster", ["paper_2x8", "single_8"])
+def test_replay_compiles_for_the_cluster_profiles(tmp_path: Path, cluster: str):
+    runner = _run_fake("replay", tmp_path, cluster)
+    first, _, third, fourth = runner.recipes
+    assert first.plugins.data_source_path is None and "aclarena_replay" not in first.custom
+    replay = third.custom["aclarena_replay"]
+    assert replay["current"] == "retail" and replay["share"] == 0.25 and replay["rule"] == "uniform"
+    data = tmp_path / "data"
+    assert replay["data"] == {"math": f"{data}/math/train.jsonl", "search": f"{data}/search/train.jsonl"}
+    assert set(fourth.custom["aclarena_replay"]["data"]) == {"math", "search", "retail"}
+    # every replayed env can run in the stage: its settings and its services (the retriever) came along
+    assert set(third.env_config) == {"math", "search", "retail"} and set(third.services) == {"retriever", "user_sim"}
+    command = compile_recipe(third)
+    argv = command.train_args
+    assert argv[argv.index("--data-source-path") + 1] == DATA_SOURCE
+    assert command.custom_config["aclarena_replay"] == replay
+    assert set(command.custom_config["aclarena_env_config"]) == {"math", "search", "retail"}
+    assert third.cluster.name == cluster
+
+
+def test_replay_records_hold_the_share_in_every_step():
+    own = [{"prompt": f"own {i}", "metadata": {"env": "c"}} for i in range(12)]
+    earlier = {t: [{"prompt": f"{t} {i}", "metadata": {"env": t}} for i in range(12)] for t in ("a", "b")}
+    values = {"enabled": True, "share": 0.5, "rule": "uniform", "current": "c", "domains": ["a", "b"]}
+    records = replay_records(values, own, earlier, seed=0, per_step=4)
+    assert len(records) == 12
+    for step in range(3):
+        tags = [r["metadata"]["env"] for r in records[4 * step : 4 * step + 4]]
+        assert tags.count("c") == 2 and sorted(set(tags) - {"c"}) <= ["a", "b"]
+    assert [r["metadata"]["env"] for r in records].count("a") == 3
+    assert [r["prompt"] for r in records if r["metadata"]["env"] == "c"] == [f"own {i}" for i in range(6)]
+
+
+def test_local_replay_mixes_real_env_records_and_serves_their_envs():
+    from aclarena_slime.local.config import LocalStageConfig
+
+    cfg = LocalStageConfig(
+        env="ifeval", output_dir="unused", steps=2, prompts_per_step=4, progress=False,
+        replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
+    )  # fmt: skip
+    own = [{"prompt": "p", "metadata": {"env": "ifeval"}}] * 8
+    args = SimpleNamespace(aclarena_env_config={"ifeval": {}}, aclarena_experts={"ifeval": "ifeval"})
+    records = local_replay(cfg, own, args, "http://127.0.0.1:1")
+    assert [r["metadata"]["env"] for r in records].count("math") == 4
+    assert args.aclarena_experts == {"ifeval": "ifeval", "math": "ifeval"}  # the adapter being trained
+    assert "math" in args.aclarena_env_config
+    assert local_replay(LocalStageConfig(env="ifeval", output_dir="x"), own, args, "u") is own
+
+
+@pytest.mark.slow
+def test_replay_runs_on_the_local_profile(tmp_path: Path):
+    """Two real stages on the local backend (tiny model): the second replays the first's env."""
+    path = tmp_path / "replay.yaml"
+    path.write_text(
+        f"name: replay_local\noutput_dir: {tmp_path / 'out'}\noverrides: [cluster=local, paths.root={tmp_path}]\n"
+        f"stages:\n  - {{name: r_math, recipe: {RECIPES}/stage1_math.yaml}}\n"
+        f"  - {{name: r_if, recipe: {RECIPES}/stage4_if.yaml}}\n"
+        "replay: {enabled: true, share: 0.5}\n"
+        "monitor: {enabled: true, interval: 1, demo_size: 2, max_response_len: 16}\n"
+    )
+    run_curriculum(path)
+    data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    first, second = data["stages"]
+    assert first["status"] == second["status"] == "done" and second["loaded"] == first["adapter"]
+    metrics = json.loads((Path(second["adapter"]).parent / "metrics.json").read_text())
+    assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
+    assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
+    assert second["cost"]["trainer_steps"] == 2 and second["cost"]["rollout_tokens"] > 0 and second["cost"]["counted"]
+
+
+@pytest.mark.parametrize("cluster", ["paper_2x8", "single_8"])
+def test_kl_anchor_references_the_previous_stages_checkpoint(tmp_path: Path, cluster: str):
+    runner = _run_fake("kl_anchor", tmp_path, cluster, "kl_anchor.coef=0.3")
+    first, *rest = runner.recipes
+    assert first.checkpoint.ref_load == first.model.torch_dist  # stage 1: the base model, as its recipe says
+    for previous, recipe in zip(runner.recipes, rest, strict=False):
+        assert recipe.checkpoint.ref_load == recipe.checkpoint.load == previous.checkpoint.save
+        argv = compile_recipe(recipe).train_args
+        assert argv[argv.index("--ref-load") + 1] == previous.checkpoint.save
+        assert argv[argv.index("--kl-loss-coef") + 1] == "0.3" and "--use-kl-loss" in argv
+    stages = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
+    assert stages[1]["ref_load"] == first.checkpoint.save  # the manifest says what each stage was anchored to
+    # slime's planned cost (its token counts stay in slime's logs): the comparison table reads it
+    assert stages[1]["cost"] == {"rollout_tokens": None, "trainer_steps": 500, "counted": False}
+
+
+def test_kl_anchor_pins_the_reference_even_where_a_recipe_names_the_base(tmp_path: Path):
+    path = tmp_path / "anchor.yaml"
+    path.write_text(
+        f"name: anchor\noutput_dir: {tmp_path / 'out'}\noverrides: [paths.root={tmp_path}, backend=slime]\n"
+        f"stages:\n  - {{name: a1, recipe: {RECIPES}/stage1_math.yaml}}\n"
+        f"  - {{name: a2, recipe: {RECIPES}/stage2_search.yaml, overrides: ['++checkpoint.ref_load=/models/base']}}\n"
+        "kl_anchor: {enabled: true}\n"
+    )
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    first, second = runner.recipes
+    assert second.checkpoint.ref_load == first.checkpoint.save and second.algorithm.kl_loss_coef == 0.1
+
+
+@pytest.mark.slow
+def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path, capfd):
+    path = tmp_path / "anchor.yaml"
+    path.write_text(
+        f"name: anchor_local\noutput_dir: {tmp_path / 'out'}\noverrides: [cluster=local, paths.root={tmp_path}]\n"
+        f"stages:\n  - {{name: a_math, recipe: {RECIPES}/stage1_math.yaml}}\n"
+        f"  - {{name: a_if, recipe: {RECIPES}/stage4_if.yaml}}\n"
+        "kl_anchor: {enabled: true, coef: 0.2}\n"
+    )
+    run_curriculum(path)
+    first, second = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
+    assert first["status"] == second["status"] == "done" and second["loaded"] == first["adapter"]
+    assert "the local backend has no KL term" in capfd.readouterr().err
+
+
+def test_the_shipped_monitor_suite_compiles_into_slimes_eval_config(tmp_path: Path):
+    """kl_anchor.yaml with its monitor on, for the cluster: the paper suite's earlier domains join each stage's
+    eval config, and the stage gets the earlier envs' settings and services so slime's eval can run them."""
+    import yaml
+
+    runner = _run_fake("kl_anchor", tmp_path, "paper_2x8", "monitor.enabled=true")
+    third = runner.recipes[2]
+    config = yaml.safe_load(Path(third.extra["eval_config"]).read_text())
+    by_name = {d["name"]: d for d in config["eval"]["datasets"]}
+    assert {"aime26", "nq"} <= set(by_name) and not {"single_hop", "multi_hop", "ifeval"} & set(by_name)
+    assert by_name["nq"]["metadata_overrides"] == {"env": "search"}
+    assert by_name["nq"]["path"] == f"{tmp_path / 'data'}/search/nq_test.jsonl@[0:500]"
+    assert {"math", "search", "retail"} <= set(third.env_config) and "retriever" in third.services
+    argv = compile_recipe(third).train_args
+    assert argv[argv.index("--eval-interval") + 1] == "25"

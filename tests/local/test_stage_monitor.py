@@ -1,0 +1,64 @@
+"""The forgetting monitor inside a real local stage: the earlier domain is checked through the evaluation
+runner against the stage's engine, with the adapter being trained; a real fall raises the alarm."""
+
+from __future__ import annotations
+
+import string
+from typing import Any, ClassVar
+
+import pytest
+
+from aclarena_slime import registry
+from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.stage import run_stage
+
+
+@pytest.fixture(autouse=True)
+def _envs_registered():
+    from aclarena_envs.learnable.env import LearnableEnvironment
+
+    class NoDigits(LearnableEnvironment):
+        """An 'earlier domain' that rewards every character but digits: learning digits forgets it."""
+
+        tag: ClassVar[str] = "nodigits"
+
+        def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+            allowed = "".join(c for c in string.printable if not c.isdigit() and not c.isspace())
+            return [{**r, "label": allowed} for r in super().demo_records(n, seed)]
+
+    registry.register("learnable", LearnableEnvironment)
+    registry.register("nodigits", NoDigits)
+
+
+def stage(tmp_path, lr: float, **monitor) -> LocalStageConfig:
+    # The settings of test_reward_rises_on_the_learnable_env: the digit share rises by > 30 points.
+    return LocalStageConfig(
+        env="learnable", output_dir=str(tmp_path / "stage"), steps=8, prompts_per_step=4, samples_per_prompt=8,
+        max_response_len=8, eval_size=0, lr=lr, lora_rank=8, torch_threads=1, progress=False,
+        lora_target_modules=("q_proj", "v_proj", "o_proj", "up_proj", "down_proj", "lm_head"),
+        monitor={"enabled": True, "domains": ["nodigits"], "interval": 2, "demo_size": 8, "max_response_len": 8,
+                 "max_drop": 10.0, **monitor},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_alarm_fires_when_training_makes_an_earlier_domain_fall_and_stops_the_stage(tmp_path):
+    metrics = run_stage(stage(tmp_path, lr=5e-2, action="stop"))
+    report = metrics["monitor"]
+    curve = report["curves"]["nodigits"]
+    (alarm,) = report["alarms"]
+    assert curve[0][0] == 0 and alarm["drop"] > 10.0 and alarm["baseline"] == curve[0][1], curve
+    assert report["stopped"] and len(metrics["steps"]) == alarm["step"] < 8  # ended at the fall
+    assert [s for s, _ in curve] == list(range(0, alarm["step"] + 1, 2))
+    # each check is a real eval run: per-sample lines, served by the adapter being trained
+    assert (tmp_path / "stage" / "monitor" / "rollout_00000" / "samples" / "nodigits.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_the_monitor_stays_quiet_when_nothing_is_forgotten_and_keeps_the_policy(tmp_path):
+    metrics = run_stage(stage(tmp_path, lr=1e-7, action="keep"))
+    report = metrics["monitor"]
+    assert report["alarms"] == [] and not report["stopped"] and len(metrics["steps"]) == 8
+    assert [s for s, _ in report["curves"]["nodigits"]] == [0, 2, 4, 6, 8]
+    assert (tmp_path / "stage" / "monitor" / "kept_adapter" / "adapter_config.json").is_file()
+    assert "kept_adapter" not in report  # nothing fell: the stage's own adapter is the one to use
