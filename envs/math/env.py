@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from aclarena_envs.math.answer import AnswerRule, UnclosedThink, final_answer
-from aclarena_envs.math.verifier import VerifierPool, verify_answer
+from aclarena_envs.math.exact import decide
+from aclarena_envs.math.lane import Lane
+from aclarena_envs.math.verifier import Verdict, VerifierPool
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
 from aclarena_slime.strict_config import from_mapping
 
@@ -75,8 +77,10 @@ def gold_answer(label: Any) -> str:
 
 
 class MathEpisode(Episode):
-    def __init__(self, task: Task, conversation: Conversation, pool: VerifierPool, settings: MathConfig) -> None:
-        self.task, self.conversation, self.pool, self.settings = task, conversation, pool, settings
+    def __init__(
+        self, task: Task, conversation: Conversation, pool: VerifierPool, settings: MathConfig, lane: Lane
+    ) -> None:
+        self.task, self.conversation, self.pool, self.settings, self.lane = task, conversation, pool, settings, lane
         self.response = ""
 
     async def step(self, text: str) -> Done:
@@ -85,6 +89,14 @@ class MathEpisode(Episode):
 
     async def score(self) -> Score:
         gold = gold_answer(self.task.label)
+        outcome = await self.lane.run(lambda: self._grade_here(gold))
+        if isinstance(outcome, Score):
+            return outcome
+        verdict = await self.pool.check(gold, outcome)
+        return self._score(gold, outcome, verdict)
+
+    def _grade_here(self, gold: str) -> Score | str:
+        """The score where the answer is found and decided on the loop, else the answer for math-verify."""
         rules = self.settings
         answer = final_answer(self.response, rules.answer_rule, rules.unclosed_think, rules.window_chars)
         if answer is None:
@@ -92,7 +104,11 @@ class MathEpisode(Episode):
         if len(answer) > rules.max_answer_chars:
             shown = answer[:100] + "..."
             return Score(0.0, {"gold": gold, "answer": shown, "method": "too_long", "detail": f"{len(answer)} chars"})
-        verdict = await verify_answer(gold, answer, self.pool)
+        decided = decide(gold, answer)
+        return answer if decided is None else self._score(gold, answer, Verdict(*decided))
+
+    @staticmethod
+    def _score(gold: str, answer: str, verdict: Verdict) -> Score:
         breakdown = {"gold": gold, "answer": answer, "method": verdict.method}
         if verdict.detail:
             breakdown["detail"] = verdict.detail
@@ -107,6 +123,7 @@ class MathEnvironment(Environment):
         super().__init__(config)
         self.settings = from_mapping(MathConfig, self.config, "config keys of the math env")
         self.pool = VerifierPool(workers=int(self.settings.workers), timeout_s=float(self.settings.timeout_s))
+        self.lane = Lane()
 
     def conversation(self, task: Task) -> Conversation:
         if isinstance(task.prompt, list):
@@ -119,7 +136,7 @@ class MathEnvironment(Environment):
         return Conversation([{"role": "user", "content": content}])
 
     async def start(self, task: Task) -> MathEpisode:
-        return MathEpisode(task, self.conversation(task), self.pool, self.settings)
+        return MathEpisode(task, self.conversation(task), self.pool, self.settings, self.lane)
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Two-operand arithmetic with integer answers: learnable by a tiny model, scored like AIME."""

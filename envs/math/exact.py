@@ -1,11 +1,12 @@
 """An exact comparison of plain answers that decides most checks without sympy.
 
-Most final answers are integers, fractions, decimals, square roots or tuples and intervals of them.
-Those are parsed here into exact values — sums of rational multiples of square roots of square-free
-integers, which are equal only when their canonical forms are, so an equality found here is a proof —
-and compared in microseconds. Anything outside that small grammar, and any case where
-``math-verify`` compares loosely (a decimal within its rounding of a fraction, brackets of different
-kinds), is left undecided and goes to ``math-verify`` in the worker pool.
+Most final answers are integers, fractions, decimals, square roots, multiples of π, or tuples and
+intervals of them. Those are parsed here into exact values — sums of rational multiples of
+``√r · π^k`` with ``r`` a square-free integer; square roots of distinct square-free integers are
+linearly independent over the rationals and π is transcendental, so two such sums are equal only when
+their canonical forms are, and an equality found here is a proof — and compared in microseconds. Anything outside that small grammar, and any case where
+``math-verify`` compares in ways of its own that are not emulated here (a decimal with more than six
+places, brackets of different kinds around things it does not read as intervals), is left undecided and goes to ``math-verify`` in the worker pool.
 
 Every function here runs on the event loop: the work is linear in the length of the answer and
 bounded by the caps below (no ``int()`` of an unbounded digit string, no unbounded factoring).
@@ -26,11 +27,15 @@ MAX_SIG_DIGITS = 15  # math-verify holds decimals as 15-digit floats: keep clear
 _PLAIN_INTEGER = re.compile(r"[+-]?\d+")
 _TOKEN = re.compile(r"(\d+(?:\.\d+)?)|(\\[a-zA-Z]+)|([{}()\[\],+\-/])|(\S)")
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:\{,\}\d{3})+)(?![\d.])")
-_COMMANDS = {"\\frac": "\\frac", "\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\sqrt": "\\sqrt"}
+_COMMANDS = {c: c for c in ("\\frac", "\\sqrt", "\\pi", "\\infty")} | {"\\dfrac": "\\frac", "\\tfrac": "\\frac"}
+_JUXTAPOSED = ("\\sqrt", "\\pi")
 _IGNORED = {"\\left", "\\right"}
 
-# An exact value: {square-free radicand: rational coefficient}, zero terms dropped; 1 is the rational part.
-Value = dict[int, Fraction]
+# An exact value: {(square-free radicand, power of π): rational coefficient}, zero terms dropped;
+# (1, 0) is the rational part. ±∞ (only as a whole answer or a tuple element) is {(0, 0): ±1}.
+Value = dict[tuple[int, int], Fraction]
+ONE = (1, 0)
+INFINITY = (0, 0)
 
 
 class _Undecided(Exception):
@@ -60,41 +65,41 @@ def _square_free(n: int) -> tuple[int, int]:
 
 def _mul(a: Value, b: Value) -> Value:
     out: Value = {}
-    for r, x in a.items():
-        for s, y in b.items():
+    for (r, k), x in a.items():
+        for (s, m), y in b.items():
             g = math.gcd(r, s)
-            radicand = (r // g) * (s // g)
-            out[radicand] = out.get(radicand, Fraction(0)) + x * y * g
-    return {r: c for r, c in out.items() if c}
+            key = ((r // g) * (s // g), k + m)
+            out[key] = out.get(key, Fraction(0)) + x * y * g
+    return {key: c for key, c in out.items() if c}
 
 
 def _add(a: Value, b: Value, sign: int = 1) -> Value:
     out = dict(a)
-    for r, c in b.items():
-        out[r] = out.get(r, Fraction(0)) + sign * c
-    return {r: c for r, c in out.items() if c}
+    for key, c in b.items():
+        out[key] = out.get(key, Fraction(0)) + sign * c
+    return {key: c for key, c in out.items() if c}
 
 
 def _inverse(a: Value) -> Value:
-    """1/a for a single term ``c·√r`` (= √r / (c·r)); sums of roots are left to math-verify."""
+    """1/a for a single term ``c·√r·π^k`` (= √r·π^-k / (c·r)); sums are left to math-verify."""
     if len(a) != 1:
         raise _Undecided
-    ((r, c),) = a.items()
-    return {r: 1 / (c * r)}
+    (((r, k), c),) = a.items()
+    return {(r, -k): 1 / (c * r)}
 
 
 def _sqrt(a: Value) -> Value:
     """√q for a rational q ≥ 0: √(p/q) = √(p·q) / q, with the square part of p·q taken out."""
     if not a:
         return {}
-    if set(a) != {1} or a[1] < 0:
+    if set(a) != {ONE} or a[ONE] < 0:
         raise _Undecided
-    q = a[1]
+    q = a[ONE]
     n = q.numerator * q.denominator
     if n > MAX_RADICAND:
         raise _Undecided
     outside, radicand = _square_free(n)
-    return {radicand: Fraction(outside, q.denominator)}
+    return {(radicand, 0): Fraction(outside, q.denominator)}
 
 
 class _Parser:
@@ -102,7 +107,7 @@ class _Parser:
 
     def __init__(self, tokens: list[tuple[str, str]]) -> None:
         self.tokens, self.at = tokens, 0
-        self.decimal = False  # a decimal literal took part: math-verify compares it with rounding
+        self.places = 0  # the most decimal places of any literal: math-verify rounds decimals to 6
 
     def peek(self) -> str | None:
         return self.tokens[self.at][1] if self.at < len(self.tokens) else None
@@ -117,6 +122,11 @@ class _Parser:
         sign = -1 if self.peek() == "-" else 1
         if self.peek() in ("+", "-"):
             self.take()
+        if self.peek() == "\\infty":  # ±∞ stands alone: an interval's end, never a term of a sum
+            self.take()
+            if self.peek() not in (None, ",", ")", "]"):
+                raise _Undecided
+            return {INFINITY: Fraction(sign)}
         value = self.term()
         if sign < 0:
             value = {r: -c for r, c in value.items()}
@@ -127,12 +137,12 @@ class _Parser:
 
     def term(self) -> Value:
         value = self.atom()
-        while self.peek() == "\\sqrt":  # 2\sqrt{3}, \frac{1}{2}\sqrt{3}: only roots multiply by juxtaposition
+        while self.peek() in _JUXTAPOSED:  # 2\sqrt{3}, \frac{1}{2}\sqrt{3}, 3\pi: roots and π multiply
             value = _mul(value, self.atom())
         if self.peek() == "/":  # a/b; a/b/c reads differently to different parsers: not decided here
             self.take()
             value = _mul(value, _inverse(self.atom()))
-            if self.peek() in ("/", "\\sqrt"):
+            if self.peek() == "/" or self.peek() in _JUXTAPOSED:
                 raise _Undecided
         return value
 
@@ -146,7 +156,7 @@ class _Parser:
         kind, text = self.take()
         if kind != "digit":
             raise _Undecided
-        return {1: Fraction(int(text))} if text != "0" else {}
+        return {ONE: Fraction(int(text))} if text != "0" else {}
 
     def atom(self) -> Value:
         kind, text = self.take()
@@ -157,6 +167,8 @@ class _Parser:
             return _mul(numerator, _inverse(self.argument()))
         if text == "\\sqrt":
             return _sqrt(self.argument())
+        if text == "\\pi":
+            return {(1, 1): Fraction(1)}
         if text in ("{", "("):
             value = self.expression()
             self.take("}" if text == "{" else ")")
@@ -170,10 +182,10 @@ class _Parser:
         if "." in text:
             if len(digits) > MAX_SIG_DIGITS:
                 raise _Undecided
-            self.decimal = True
+            self.places = max(self.places, len(text) - text.index(".") - 1)
         whole, _, decimals = text.partition(".")
         value = Fraction(int(whole + decimals), 10 ** len(decimals)) if decimals else Fraction(int(whole))
-        return {1: value} if value else {}
+        return {ONE: value} if value else {}
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -204,11 +216,12 @@ def _tokens(text: str) -> list[tuple[str, str]]:
 
 
 @lru_cache(maxsize=8192)
-def parse(text: str) -> tuple[str, tuple[Value, ...], bool] | None:
-    """``(brackets, values, decimal)`` for an answer in the grammar, else None.
+def parse(text: str) -> tuple[str, tuple[Value, ...], int, bool] | None:
+    """``(brackets, values, places, bare)`` for an answer in the grammar, else None.
 
     ``brackets`` is ``""`` for a single value, else the opening and closing bracket of a tuple or
-    interval (``"()"``, ``"[)"``, ...); ``decimal`` says whether a decimal literal took part.
+    interval (``"()"``, ``"[)"``, ...); ``places`` is the most decimal places of a literal in it (0: no
+    decimal), ``bare`` says whether the whole answer is one decimal literal (math-verify's Float).
     """
     text = text.strip().strip("$").strip()
     if not text or len(text) > MAX_CHARS:
@@ -234,22 +247,47 @@ def parse(text: str) -> tuple[str, tuple[Value, ...], bool] | None:
             raise _Undecided
     except (_Undecided, ZeroDivisionError):
         return None
-    return brackets, tuple(values), parser.decimal
+    if len(values) == 2:  # an interval is open at an infinite end, whatever bracket it is written with
+        brackets = ("(" if INFINITY in values[0] else brackets[0]) + (")" if INFINITY in values[1] else brackets[1])
+    bare = len(tokens) - (tokens[0][1] in "+-") == 1 and parser.places > 0
+    return brackets, tuple(values), parser.places, bare
 
 
 def _as_float(value: Value) -> float:
-    return sum(float(c) * math.sqrt(r) for r, c in value.items())
+    if INFINITY in value:
+        return math.inf * value[INFINITY]
+    return sum(float(c) * math.sqrt(r) * math.pi**k for (r, k), c in value.items())
 
 
-def _scalars_equal(a: Value, b: Value, decimal: bool) -> bool | None:
+def _rounded(value: Value) -> int | None:
+    """``value`` rounded to 6 decimal places, times 10**6; None at a tie or beyond float precision."""
+    if set(value) <= {ONE}:
+        scaled = value.get(ONE, Fraction(0)) * 10**6
+        if (scaled - math.floor(scaled)) == Fraction(1, 2):
+            return None
+        return math.floor(scaled + Fraction(1, 2))
+    if INFINITY in value:
+        return None
+    scaled = _as_float(value) * 10**6
+    if abs(scaled) > 1e13 or abs(scaled - math.floor(scaled) - 0.5) < 1e-3:
+        return None
+    return math.floor(scaled + 0.5)
+
+
+def _scalars_equal(a: Value, b: Value, places: int, bare: bool) -> bool | None:
+    """Exact values are equal or not; with a decimal, math-verify compares both rounded to 6 places,
+    which is emulated where its outcome is certain: a bare decimal of at most 6 places against a
+    decimal-free value (``bare``), or roundings that differ."""
     if a == b:
         return True
-    if not decimal:
+    if not places:
         return False
-    # math-verify rounds decimals to 6 places: call them different only when far apart
-    x, y = _as_float(a), _as_float(b)
-    gap = abs(x - y)
-    return False if gap > 1e-5 and gap > 1e-9 * max(abs(x), abs(y)) else None
+    x, y = _rounded(a), _rounded(b)
+    if x is None or y is None:
+        return None
+    if x != y:
+        return False
+    return True if bare and places <= 6 else None
 
 
 def _increasing(values: tuple[Value, ...]) -> bool:
@@ -273,20 +311,28 @@ def compare(gold: str, pred: str) -> bool | None:
     parsed_gold, parsed_pred = parse(gold), parse(pred)
     if parsed_gold is None or parsed_pred is None:
         return None
-    (gold_brackets, gold_values, gold_decimal), (pred_brackets, pred_values, pred_decimal) = parsed_gold, parsed_pred
-    decimal = gold_decimal or pred_decimal
+    gold_brackets, gold_values, gold_places, gold_bare = parsed_gold
+    pred_brackets, pred_values, pred_places, pred_bare = parsed_pred
+    places = max(gold_places, pred_places)
+    # one side a bare decimal, the other free of decimals: the one comparison emulated to its rounding
+    bare = (gold_bare and not pred_places) or (pred_bare and not gold_places)
     if not gold_brackets and not pred_brackets:
-        return _scalars_equal(gold_values[0], pred_values[0], decimal)
+        return _scalars_equal(gold_values[0], pred_values[0], places, bare)
     if not gold_brackets or not pred_brackets or len(gold_values) != len(pred_values):
         return None  # a value against a tuple, or tuples of different lengths: math-verify's rules
-    verdicts = [_scalars_equal(g, p, decimal) for g, p in zip(gold_values, pred_values, strict=True)]
+    if len(gold_values) > 2 and (
+        gold_brackets != "()" or pred_brackets != "()" or any(INFINITY in v for v in gold_values + pred_values)
+    ):
+        return None  # only plain tuples beyond pairs: [a,b,c) and ∞ inside a tuple are read oddly
+    verdicts = [_scalars_equal(g, p, places, False) for g, p in zip(gold_values, pred_values, strict=True)]
     if gold_brackets == pred_brackets and all(verdicts):
         return True
     if None in verdicts:
         return None
-    # math-verify reads (a,b) and [a,b] as intervals, and a "decreasing interval" as the empty set, so
-    # two of those are equal: call pairs different only when both are real intervals, and longer
-    # sequences only when both are tuples
+    # math-verify reads an increasing (a,b) or [a,b] as an interval, a decreasing [a,b] as the empty
+    # set (so two of those are equal) and a decreasing (a,b) as a tuple: pairs differ when both are
+    # real intervals or both are written (a,b) (compared in order either way)
     if len(gold_values) == 2:
-        return False if _increasing(gold_values) and _increasing(pred_values) else None
-    return False if gold_brackets == pred_brackets == "()" else None
+        both_intervals = _increasing(gold_values) and _increasing(pred_values)
+        return False if both_intervals or gold_brackets == pred_brackets == "()" else None
+    return False

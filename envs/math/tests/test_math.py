@@ -84,8 +84,9 @@ async def test_exact_fast_path_needs_no_worker():
 
 
 async def test_math_verify_equivalence(pool):
-    assert (await verify_answer("\\frac{1}{3}", "0.333333", pool)).method == "math_verify"
-    assert (await verify_answer("\\frac{1}{3}", "0.333333", pool)).correct
+    first = await verify_answer("\\frac{1}{3}", "0.3333333", pool)  # 7 places: math-verify's own rounding rules
+    assert first.method == "math_verify" and first.correct
+    assert await verify_answer("\\frac{1}{3}", "0.3333333", pool) is first, "math-verify's verdicts are cached"
     assert not (await verify_answer("x^2", "x^3", pool)).correct
 
 
@@ -242,3 +243,29 @@ def test_the_shared_env_verifies_again_after_aclose():
 
     assert asyncio.run(score_then_close()) == 1.0
     assert asyncio.run(score_then_close()) == 1.0
+
+
+def test_the_paper_recipe_uses_the_authors_prompt_and_answer_rule(tmp_path):
+    from pathlib import Path
+
+    from aclarena_slime.recipes.compose import load_recipe
+
+    recipes = Path(__file__).resolve().parents[3] / "recipes"
+    recipe = load_recipe(recipes / "stage1_math.yaml", [f"paths.root={tmp_path}"])
+    env = MathEnvironment(recipe.env_config["math"])
+    assert (env.settings.prompt, env.settings.answer_rule, env.settings.unclosed_think) == (
+        "dapo",
+        "last",
+        "whole_response",
+    )
+    prompt = env.conversation(Task("Find x if x+1=35.", "34")).messages[0]["content"]
+    assert prompt.startswith("Solve the following math problem step by step.") and "\n\nFind x if x+1=35.\n\n" in prompt
+    # the data preparation strips exactly this wording back off
+    from aclarena_envs.math.data import problem_text
+
+    assert problem_text({"prompt": prompt}) == "Find x if x+1=35."
+
+
+def test_bad_rule_settings_are_refused():
+    with pytest.raises(ValueError, match="answer_rule must be one of"):
+        MathEnvironment({"answer_rule": "first"})
