@@ -207,7 +207,7 @@ async def main() -> None:
     n = len(pairs)
 
     reference, mv_times = math_verify_verdicts(pairs)
-    rows = [("math-verify (inline)", n / sum(mv_times), n, 0, f"{max(mv_times) * 1000:.0f} (blocks)")]
+    rows = [("math-verify (inline)", n / sum(mv_times), n, None, f"{max(mv_times) * 1000:.0f} (blocks)")]
 
     grade = slime_grader()
     if grade is not None:
@@ -217,7 +217,9 @@ async def main() -> None:
             verdicts.append(grade(gold, pred))
             times.append(time.perf_counter() - start)
         agree = sum(a == b for a, b in zip(verdicts, reference, strict=True))
-        rows.append(("slime grade_answer_verl (inline)", n / sum(times), agree, 0, f"{max(times) * 1000:.0f} (blocks)"))
+        rows.append(
+            ("slime grade_answer_verl (inline)", n / sum(times), agree, None, f"{max(times) * 1000:.0f} (blocks)")
+        )
 
     pool = VerifierPool(workers=args.workers, timeout_s=5.0)
     await asyncio.gather(*(pool.check("x", f"x+{i}") for i in range(args.workers)))  # start-up is not the rate
@@ -252,7 +254,13 @@ async def main() -> None:
     for col in ("grader", "answers/s", "agrees with math-verify", "decided without sympy", "worst stall ms"):
         table.add_column(col, justify="right")
     for name, rate, agreed, no_sympy, stall_text in rows:
-        table.add_row(name, f"{rate:.0f}", f"{agreed}/{n} ({agreed / n:.1%})", f"{no_sympy}/{n}", stall_text)
+        table.add_row(
+            name,
+            f"{rate:.0f}",
+            f"{agreed}/{n} ({agreed / n:.1%})",
+            "-" if no_sympy is None else f"{no_sympy}/{n}",
+            stall_text,
+        )
     table.add_row(
         "ours: verify_answer (cold caches)",
         f"{n / elapsed:.0f}",
@@ -275,7 +283,7 @@ async def main() -> None:
         f"{idle[len(idle) // 2] * 1000:.1f} median, {idle[-1] * 1000:.1f} worst",
     )
     table.add_row("ours: pathological 9^{9^{9^{9}}}", "-", "-", "-", f"{patho_s:.2f} s, verdict: {patho.method}")
-    Console().print(table)
+    Console(width=150).print(table)
     disagreements = [(g, p, r) for (g, p), v, r in zip(pairs, verdicts, reference, strict=True) if v != r]
     for gold, pred, ref in disagreements[:10]:
         print(f"disagrees: gold {gold!r} pred {pred!r} (math-verify: {ref})")
