@@ -6,7 +6,8 @@ Starts, each in its own process: one fake SGLang engine (real ``/generate`` prot
 ``aclarena serve-router`` in front of it (tag from the ``X-Aclarena-Env`` header, four experts), and
 ``sglang-router`` from PyPI in front of the same engine (``lora_path`` in the body, round robin). Then
 sends the same ``/generate`` request at 1, 16 and 64 concurrent clients to each and prints latency
-p50/p99, throughput, and the ratios to direct access. Also prints the tag classifier's accuracy on
+p50/p99, throughput, the ratios to direct access, and each proxy's CPU time per request (steadier than
+throughput on a shared machine). Also prints the tag classifier's accuracy on
 held-out prompts of the four envs. Numbers depend on the machine's load: the table prints it.
 """
 
@@ -99,6 +100,18 @@ def serve_engine(workdir: Path, delay_ms: float) -> None:
             await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process, all threads, in ns-precise scheduler accounting (Linux); nan elsewhere.
+
+    On a shared machine throughput swings with the neighbours' load; CPU per request barely does.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        return sum(int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0]) for t in tasks) / 1e9
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def _free_port() -> int:
@@ -262,11 +275,13 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
             ("direct", engine_url, with_lora, {}),
             ("aclarena serve-router", gateway_url, payload, {"X-Aclarena-Env": "math"}),
         ]
+        proxies = {"aclarena serve-router": gateway.pid}
         router_note = ""
         if router is not None:
             try:
                 await wait_serving(router_url, with_lora, {})
                 targets.append(("sglang-router", router_url, with_lora, {}))
+                proxies["sglang-router"] = router.pid
             except RuntimeError as exc:
                 router_note = f"sglang-router not measured: {exc}"
         else:
@@ -277,7 +292,11 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
         results: dict[tuple[str, int], dict[str, float]] = {}
         for clients, n in LEVELS:
             for name, url, body, headers in targets:
-                results[name, clients] = await load(url, body, headers, clients, max(clients * 4, int(n * args.scale)))
+                requests = max(clients * 4, int(n * args.scale))
+                before = cpu_seconds(proxies[name]) if name in proxies else 0.0
+                results[name, clients] = await load(url, body, headers, clients, requests)
+                after = cpu_seconds(proxies[name]) if name in proxies else 0.0
+                results[name, clients]["cpu_us"] = (after - before) / requests * 1e6
         rows = []
         for clients, _ in LEVELS:
             base = results["direct", clients]
@@ -293,6 +312,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
                         "-" if name == "direct" else f"{r['p50'] - base['p50']:+.2f}",
                         "-" if name == "direct" else f"{r['p50'] / base['p50']:.2f}x",
                         "-" if name == "direct" else f"{r['rps'] / base['rps']:.2f}",
+                        "-" if name == "direct" else f"{r['cpu_us']:.0f}",
                     ]
                 )
         load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -301,6 +321,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
             f"load average {load_avg:.1f}"
         )
         cols = ["target", "clients", "p50 ms", "p99 ms", "req/s", "added p50 ms", "p50 ratio", "throughput ratio"]
+        cols.append("proxy CPU us/req")
         print_table(title, cols, rows)
         if router_note:
             print(router_note)

@@ -24,13 +24,15 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # long multi-turn prompts as token ids stay far below this
 ROUTE_HEADER = "X-Aclarena-Expert"  # answers say which expert served them, and how it was chosen
+_JSON = {"Content-Type": "application/json"}
 _POOL = web.AppKey("pool", EnginePool)
 _RESOLVER = web.AppKey("resolver", ExpertResolver)
 
 
 def build_app(pool: EnginePool, resolver: ExpertResolver, api_key: str | None = None) -> web.Application:
     """The gateway application; the pool starts and stops with it."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors, _auth(api_key)])
+    middlewares = [_errors, _auth(api_key)] if api_key else [_errors]  # each layer costs every request
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
     app[_POOL], app[_RESOLVER] = pool, resolver
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
@@ -61,12 +63,12 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(503, str(exc), "service_unavailable")
 
 
-def _auth(api_key: str | None) -> Any:
-    expected = f"Bearer {api_key}".encode() if api_key else None
+def _auth(api_key: str) -> Any:
+    expected = f"Bearer {api_key}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        if expected is not None and request.path != "/health":
+        if request.path != "/health":
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 return error_response(
@@ -79,7 +81,7 @@ def _auth(api_key: str | None) -> Any:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
-        payload = await request.json()
+        payload = json.loads(await request.read())  # bytes straight in: no text decoding first
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RouteError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
@@ -91,26 +93,30 @@ async def _openai(request: web.Request) -> web.StreamResponse:
     payload = await _json_body(request)
     route, upstream_model = request.app[_RESOLVER].for_openai(payload, request.headers.get(TAG_HEADER))
     payload["model"] = upstream_model
-    return await _forward(request, request.path, payload, route)
+    return await _forward(request, request.path, json.dumps(payload).encode(), route)
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
     payload = await _json_body(request)
     route = request.app[_RESOLVER].for_generate(payload, request.headers.get(TAG_HEADER))
+    raw = (await request.read()).lstrip()
+    if route.source != "lora_path" and route.adapter and payload and "lora_path" not in payload and raw[:1] == b"{":
+        # the request as it came, with the adapter spliced in: no second encoding of a long prompt
+        body = b'{"lora_path": ' + json.dumps(route.adapter).encode() + b", " + raw[1:]
+        return await _forward(request, "/generate", body, route)
     if route.source != "lora_path":
         payload["lora_path"] = route.adapter
     if payload.get("lora_path") is None:
         payload.pop("lora_path", None)
-    return await _forward(request, "/generate", payload, route)
+    return await _forward(request, "/generate", json.dumps(payload).encode(), route)
 
 
-async def _forward(request: web.Request, path: str, payload: dict[str, Any], route: Route) -> web.StreamResponse:
-    """Send to the chosen engine; on a refused connection try the next one, on a lost adapter reload once.
-
-    Any other failure of the engine is a JSON 502 and marks it down until its next good health check.
+async def _forward(request: web.Request, path: str, body: bytes, route: Route) -> web.StreamResponse:
+    """Send ``body`` to the chosen engine; on a refused connection try the next one, on a lost adapter
+    reload once. Any other failure of the engine is a JSON 502 and marks it down until its next good
+    health check.
     """
     pool = request.app[_POOL]
-    body = json.dumps(payload).encode()
     tried: set[str] = set()
     reloaded = False
     while True:
@@ -137,8 +143,7 @@ async def _send(
     """The engine's answer as our response; None when it says the adapter is not loaded (restarted)."""
     pool = request.app[_POOL]
     assert pool.session is not None
-    headers = {"Content-Type": "application/json"}
-    async with pool.session.post(f"{engine.url}{path}", data=body, headers=headers) as upstream:
+    async with pool.session.post(engine.endpoint(path), data=body, headers=_JSON) as upstream:
         route_header = {ROUTE_HEADER: f"{route.adapter or 'base'}; tag={route.tag or '-'}; source={route.source}"}
         if upstream.status == 200 and upstream.content_type == "text/event-stream":
             response = web.StreamResponse(

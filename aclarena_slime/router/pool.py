@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from aclarena_slime.experts import ExpertTable
 
@@ -38,6 +39,14 @@ class Engine:
     in_flight: int = 0
     served: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
+
+    def endpoint(self, path: str) -> URL:
+        """The engine's URL for ``path``, parsed once (a string URL is parsed again on every request)."""
+        url = self._endpoints.get(path)
+        if url is None:
+            url = self._endpoints[path] = URL(f"{self.url}{path}")
+        return url
 
     def status(self) -> dict[str, Any]:
         return {
@@ -79,7 +88,11 @@ class EnginePool:
     async def start(self) -> None:
         """Open the session, check every engine once (loading adapters), then keep checking."""
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            cookie_jar=aiohttp.DummyCookieJar(),  # engines set no cookies: skip the jar on every request
+        )
         await self.check_all()
         self._task = asyncio.create_task(self._watch())
 

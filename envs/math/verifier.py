@@ -1,7 +1,9 @@
 """Checking a math answer against the gold one without ever hanging the caller.
 
-Integers (every AIME answer) are compared directly. Anything else goes to ``math-verify`` in a
-worker process: its own timeouts rely on ``signal.alarm``, which only works in a main thread, and
+Plain answers (integers — every AIME answer —, fractions, decimals, square roots, tuples and
+intervals of them) are decided exactly on the spot (``exact.py``). Anything else goes to
+``math-verify`` in a worker process, and its verdicts are remembered (RL samples many answers per
+prompt, and they repeat): its own timeouts rely on ``signal.alarm``, which only works in a main thread, and
 some expressions (``9^{9^{9^{9}}}``) stall inside sympy where no signal reaches. So each check has a
 hard deadline; a worker that misses it is killed and replaced, and the answer counts as wrong.
 """
@@ -13,11 +15,12 @@ import multiprocessing as mp
 import queue
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from aclarena_envs.math.answer import as_integer
+from aclarena_envs.math.exact import decide
 
 TIMED_OUT = "timed out"
 
@@ -25,7 +28,7 @@ TIMED_OUT = "timed out"
 @dataclass(frozen=True)
 class Verdict:
     correct: bool
-    method: str  # "integer" | "math_verify" | "timeout" | "error"
+    method: str  # "integer" | "exact" | "math_verify" | "timeout" | "error"
     detail: str = ""
 
 
@@ -77,9 +80,11 @@ class VerifierPool:
     worker after a timeout, which costs the same once.
     """
 
-    def __init__(self, workers: int = 2, timeout_s: float = 5.0) -> None:
+    def __init__(self, workers: int = 2, timeout_s: float = 5.0, cache_size: int = 65536) -> None:
         if workers < 1:
             raise ValueError("a verifier pool needs at least one worker")
+        self._cache: OrderedDict[tuple[str, str], Verdict] = OrderedDict()  # math-verify's verdicts only
+        self._cache_size = cache_size
         self.timeout_s = timeout_s
         self._soft_timeout = max(1, int(timeout_s) - 1)
         self._size = workers
@@ -126,8 +131,19 @@ class VerifierPool:
             self._idle.put(worker)
 
     async def check(self, gold: str, pred: str) -> Verdict:
-        """Never blocks the event loop: the wait happens on one of the pool's threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor(), self.check_blocking, gold, pred)
+        """Never blocks the event loop: the wait happens on one of the pool's threads. A timeout or a
+        dead worker is not remembered (it may be the machine's load, not the answer)."""
+        key = (gold, pred)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        verdict = await asyncio.get_running_loop().run_in_executor(self._executor(), self.check_blocking, gold, pred)
+        if verdict.method == "math_verify" and self._cache_size > 0:
+            self._cache[key] = verdict
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return verdict
 
     def close(self) -> None:
         """Stop the workers and threads; the next check starts them again."""
@@ -141,8 +157,8 @@ class VerifierPool:
 
 
 async def verify_answer(gold: str, pred: str, pool: VerifierPool) -> Verdict:
-    """Integer fast path first (AIME), then ``math-verify`` in the pool."""
-    gold_int, pred_int = as_integer(gold), as_integer(pred)
-    if gold_int is not None and pred_int is not None:
-        return Verdict(gold_int == pred_int, "integer")
+    """The exact comparison first, then ``math-verify`` in the pool for what it leaves undecided."""
+    decided = decide(gold, pred)
+    if decided is not None:
+        return Verdict(*decided)
     return await pool.check(gold, pred)

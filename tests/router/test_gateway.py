@@ -56,6 +56,25 @@ async def test_tagged_requests_arrive_with_the_right_lora_path(tiny_tokenizer, m
     assert sorted(openai) == sorted(f"qwen3-8b-sdft:{t}-expert" for t in TAGS for _ in range(2))
 
 
+async def test_the_body_reaches_the_engine_unchanged_but_for_the_adapter(tiny_tokenizer, manifest):
+    """A tagged /generate is forwarded as the client sent it with ``lora_path`` spliced in (no second
+    encoding); a body that names its own ``lora_path`` or is not plain UTF-8 JSON is re-encoded."""
+    payload = {**_generate_payload(), "text": "naïve ✓ \\boxed{1}", "rid": "r-1"}
+    async with FakeSGLang(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest) as (url, _), client() as http:
+        bodies = [
+            json.dumps(payload).encode(),
+            b"  \n" + json.dumps(payload, ensure_ascii=False, indent=1).encode(),
+            json.dumps({**payload, "lora_path": None}).encode(),
+            b"\xef\xbb\xbf" + json.dumps(payload).encode(),  # a byte-order mark: still valid JSON to Python
+        ]
+        for body in bodies:
+            async with http.post(f"{url}/generate", data=body, headers={"X-Aclarena-Env": "retail"}) as resp:
+                assert resp.status == 200, await resp.text()
+    assert len(a.requests) == len(bodies)
+    for received in a.requests:
+        assert received == {**payload, "lora_path": "retail-expert"}
+
+
 async def test_unknown_tag_and_traversal_are_refused(tiny_tokenizer, manifest):
     async with FakeSGLang(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest) as (url, _), client() as http:
         status, out = await post(http, f"{url}/v1/chat/completions", {"model": "qwen3-8b-sdft:chess", "messages": []})

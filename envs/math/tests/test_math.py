@@ -1,4 +1,4 @@
-"""The math env: answer extraction, the integer fast path, math-verify under a hard timeout, data."""
+"""The math env: answer extraction, the exact fast path, math-verify under a hard timeout, data."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from aclarena_envs.math.answer import as_integer, final_answer, last_boxed
+from aclarena_envs.math.answer import final_answer, last_box_only, last_boxed
 from aclarena_envs.math.data import main as prepare
 from aclarena_envs.math.env import MathEnvironment
 from aclarena_envs.math.verifier import VerifierPool, verify_answer
@@ -35,10 +35,33 @@ def test_final_answer(response, expected):
     assert final_answer(response) == expected
 
 
-def test_nested_braces_and_integers():
+def test_nested_braces():
     assert last_boxed("\\boxed{\\sqrt{2}+{1}}") == "\\sqrt{2}+{1}"
-    assert as_integer("073") == 73 and as_integer(" $-5$ ") == -5 and as_integer("\\text{12}") == 12
-    assert as_integer("1,000") is None and as_integer("3.0") is None
+    assert last_boxed("} \\boxed {\\frac{1}{2}} {") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{1} {\\boxed{2}") == "2" and last_boxed("\\boxed{1} \\boxed{2") == "1"
+
+
+@pytest.mark.parametrize(
+    ("response", "ours", "authors"),
+    [
+        # an unclosed <think>: no answer for us, the whole response for the authors
+        ("<think>cut off by the length limit \\boxed{3}", None, "3"),
+        ("<think>a</think><think>b</think> \\boxed{5}", "5", "5"),
+        # the very last \boxed decides for the authors, even when it does not close
+        ("\\boxed{1} and then \\boxed{2", "1", None),
+        ("\\fbox{12}", "12", None),
+        ("\\boxed {7}", "7", None),
+    ],
+)
+def test_the_authors_answer_rule(response, ours, authors):
+    assert final_answer(response) == ours
+    assert final_answer(response, "last", "whole_response") == authors
+
+
+def test_only_the_window_is_searched():
+    response = "\\boxed{42}" + " " * 1000
+    assert final_answer(response, window=2000) == "42" and final_answer(response, window=500) is None
+    assert last_box_only(response, window=500) is None and last_box_only(response, window=2000) == "42"
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +71,23 @@ def pool():
     p.close()
 
 
-async def test_integer_fast_path_needs_no_worker():
+async def test_exact_fast_path_needs_no_worker():
     never_started = VerifierPool(workers=1)
-    verdict = await verify_answer("73", "073", never_started)
-    assert verdict.correct and verdict.method == "integer" and not never_started._started
+    for gold, pred, correct, method in [
+        ("73", "073", True, "integer"),
+        ("\\frac{1}{2}", "0.5", True, "exact"),
+        ("(1,2)", "(1,3)", False, "exact"),
+    ]:
+        verdict = await verify_answer(gold, pred, never_started)
+        assert verdict.correct is correct and verdict.method == method
+    assert not never_started._started
 
 
 async def test_math_verify_equivalence(pool):
-    assert (await verify_answer("0.5", "\\frac{1}{2}", pool)).correct
-    assert not (await verify_answer("\\frac{1}{3}", "\\frac{1}{2}", pool)).correct
+    first = await verify_answer("\\frac{1}{3}", "0.3333333", pool)  # 7 places: math-verify's own rounding rules
+    assert first.method == "math_verify" and first.correct
+    assert await verify_answer("\\frac{1}{3}", "0.3333333", pool) is first, "math-verify's verdicts are cached"
+    assert not (await verify_answer("x^2", "x^3", pool)).correct
 
 
 async def test_pathological_answer_times_out_without_stalling_the_loop(pool):
@@ -212,3 +243,29 @@ def test_the_shared_env_verifies_again_after_aclose():
 
     assert asyncio.run(score_then_close()) == 1.0
     assert asyncio.run(score_then_close()) == 1.0
+
+
+def test_the_paper_recipe_uses_the_authors_prompt_and_answer_rule(tmp_path):
+    from pathlib import Path
+
+    from aclarena_slime.recipes.compose import load_recipe
+
+    recipes = Path(__file__).resolve().parents[3] / "recipes"
+    recipe = load_recipe(recipes / "stage1_math.yaml", [f"paths.root={tmp_path}"])
+    env = MathEnvironment(recipe.env_config["math"])
+    assert (env.settings.prompt, env.settings.answer_rule, env.settings.unclosed_think) == (
+        "dapo",
+        "last",
+        "whole_response",
+    )
+    prompt = env.conversation(Task("Find x if x+1=35.", "34")).messages[0]["content"]
+    assert prompt.startswith("Solve the following math problem step by step.") and "\n\nFind x if x+1=35.\n\n" in prompt
+    # the data preparation strips exactly this wording back off
+    from aclarena_envs.math.data import problem_text
+
+    assert problem_text({"prompt": prompt}) == "Find x if x+1=35."
+
+
+def test_bad_rule_settings_are_refused():
+    with pytest.raises(ValueError, match="answer_rule must be one of"):
+        MathEnvironment({"answer_rule": "first"})
