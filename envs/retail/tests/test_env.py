@@ -11,7 +11,7 @@ from aclarena_envs.retail.env import RetailEnvironment
 from aclarena_envs.retail.gold import gold_environment, play_gold, tool_call_text
 from aclarena_envs.retail.user_sim import ScriptedUser, UserSession, UserSimulator
 from aclarena_slime.cli import main as cli_main
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Done, EpisodeAborted, Observation, Task
 
 
@@ -278,3 +278,8 @@ def test_prepare_data_writes_slime_records(tiny_data, tmp_path, capsys):
 def test_demo_records_come_from_the_train_split(tiny_data):
     rows = env_with(tiny_data, []).demo_records(5, seed=1)
     assert sorted(r["label"] for r in rows) == ["t0", "t2"]
+
+
+async def test_survives_hostile_turns(tiny_data):
+    env = env_with(tiny_data, ["hi"] * 1000)
+    await check_hostile_outputs(env, [task("t0")])

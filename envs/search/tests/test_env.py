@@ -11,7 +11,7 @@ import pytest
 
 from aclarena_envs.search.demo_corpus import generate, write_jsonl
 from aclarena_envs.search.env import SearchEnvironment
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Done, Observation, Task
 
 DEMO = generate(60, seed=3)
@@ -173,3 +173,7 @@ async def test_an_overlong_turn_is_a_notice_and_the_breakdown_keeps_a_short_answ
     breakdown = (await episode.score()).breakdown
     assert breakdown["answer"] == "y" * 8
     assert breakdown["invalid_turns"] == 1 and breakdown["searches"] == 0
+
+
+async def test_survives_hostile_turns(env):
+    await check_hostile_outputs(env, [_task()])
