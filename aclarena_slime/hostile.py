@@ -63,10 +63,32 @@ def _families(size: int) -> dict[str, Callable[[random.Random], str]]:
         "long_query": lambda r: "<search>" + "word " * r.randint(1, size // 5 or 1) + "</search>",
         "nested_json": lambda r: "<tool_call>" + "[" * r.randint(1, size) + "</tool_call>",
         "unclosed": lambda r: r.choice(("<think>", "<tool_call>{", "<search>", "\\boxed{")) + "x" * r.randint(0, size),
+        "refused_writes": lambda r: "".join(_refused_write(r, size) for _ in range(r.randint(1, 4))),
         "junk": lambda r: "".join(
             chr(r.choice((r.randint(0, 0x7F), r.randint(0x80, 0xD7FF), 0xFFFD))) for _ in range(r.randint(0, 2000))
         ),
     }
+
+
+# Write tools of the customer-service env, with arguments no database holds (or that break the schema).
+_WRITES = (
+    "cancel_pending_order",
+    "modify_pending_order_items",
+    "modify_pending_order_address",
+    "modify_pending_order_payment",
+    "modify_user_address",
+    "exchange_delivered_order_items",
+    "return_delivered_order_items",
+)
+
+
+def _refused_write(rng: random.Random, size: int) -> str:
+    values = ["#W" + "9" * rng.randint(1, 50), "\ud800", "x" * rng.randint(0, size // 10), 10**30, None, [], {"a": 1}]
+    arguments = {k: rng.choice(values) for k in rng.sample(_WRITE_KEYS, rng.randint(0, len(_WRITE_KEYS)))}
+    return _call(rng.choice(_WRITES), json.dumps(arguments))  # ASCII: a surrogate becomes "\\ud800"
+
+
+_WRITE_KEYS = ("order_id", "user_id", "reason", "item_ids", "new_item_ids", "payment_method_id", "address1", "zip")
 
 
 def corpus(size: int = 100_000) -> list[str]:
