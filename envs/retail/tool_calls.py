@@ -104,20 +104,22 @@ class ToolCallParser:
         return text
 
     def parse(self, text: str) -> ParsedTurn:
+        """Linear in ``len(text)``: positions move forward, the text is never re-sliced from a call on."""
         rest = self.visible_text(text)
         content: list[str] = []
         calls: list[ToolCall | MalformedCall] = []
+        at = 0
         while True:
-            start = rest.find(self.open_tag)
+            start = rest.find(self.open_tag, at)
             if start < 0:
-                content.append(rest)
+                content.append(rest[at:])
                 break
-            content.append(rest[:start])
-            rest = rest[start + len(self.open_tag) :]
-            end = rest.find(self.close_tag)
+            content.append(rest[at:start])
+            body = start + len(self.open_tag)
+            end = rest.find(self.close_tag, body)
             if end < 0:
                 calls.append(MalformedCall(f"{self.open_tag} without a closing {self.close_tag}"))
                 break
-            calls.append(_read_call(rest[:end].strip()))
-            rest = rest[end + len(self.close_tag) :]
+            calls.append(_read_call(rest[body:end].strip()))
+            at = end + len(self.close_tag)
         return ParsedTurn("".join(content).strip(), calls)
