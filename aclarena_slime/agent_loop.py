@@ -146,8 +146,8 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
             return _ended(traj, FAILED, "env_error", f"step returned {type(result).__name__}, not Observation or Done")
         if turn + 1 == max_turns:
             break
-        observation = valid_unicode(result.messages)
         try:
+            observation = valid_unicode(result.messages)
             obs_ids = chat.observation_ids(observation, ids[-1] if ids else None)
         except Exception as exc:  # noqa: BLE001
             return _render_failed(env, traj, "observation", exc)
