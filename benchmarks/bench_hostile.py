@@ -5,7 +5,8 @@
 Drives ``--turns`` hostile turns per env (the families of :mod:`aclarena_slime.hostile`, in turn, up to
 ``--size`` characters) two ways and prints a table per way:
 
-- **contract**: ``start`` / ``step`` / ``score`` on the env object, each call timed on its own;
+- **contract**: ``start`` / ``step`` / ``score`` on the env object, each call timed on its own, in
+  episodes of up to the env's turn limit (a ``score`` is timed with the episode's last turn);
 - **rollout**: the slime-facing ``generate`` + ``reward`` with a fake SGLang engine (the tiny model's
   tokenizer) answering with the hostile turns; one call is one sample (all its turns and its score).
 
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import json
 import math
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, make_args
 from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
 
-ENVS = ("math", "search", "retail", "ifeval", "mock", "template", "learnable")
+ENVS = ("search", "retail", "ifeval", "mock", "template", "learnable", "math")
 WRITE_TOOLS = (
     "cancel_pending_order",
     "modify_pending_order",
@@ -110,21 +112,30 @@ async def _timed(tally: Tally, what: str, text: str, awaitable: Any) -> tuple[bo
 
 
 async def contract(env: Environment, turns: list[tuple[str, str]]) -> Tally:
+    """Episodes of up to ``env.max_turns`` hostile turns (as the loop drives them), each call timed."""
     tally, tasks = Tally(), _tasks(env)
-    for i, (_, text) in enumerate(turns):
-        ok, episode = await _timed(tally, "start", text, env.start(tasks[i % len(tasks)]))
+    queue, episodes = iter(turns), 0
+    pending = next(queue, None)
+    while pending is not None:
+        text = pending[1]
+        ok, episode = await _timed(tally, "start", text, env.start(tasks[episodes % len(tasks)]))
+        episodes += 1
         if not ok:
+            pending = next(queue, None)
             continue
         try:
-            writes = any(f'"name": "{name}' in text for name in WRITE_TOOLS)
-            before = _db_state(episode) if writes else None
-            ok, result = await _timed(tally, "step", text, episode.step(text))
-            if not ok:
-                continue
-            if before is not None and isinstance(result, Observation):
-                refused = all(str(m.get("content", "")).startswith("Error") for m in result.messages)
-                if refused and _db_state(episode) != before:
-                    tally.refused_but_wrote += 1
+            for _ in range(env.max_turns):
+                writes = any(f'"name": "{name}' in text for name in WRITE_TOOLS)
+                before = _db_state(episode) if writes else None
+                ok, result = await _timed(tally, "step", text, episode.step(text))
+                pending = next(queue, None)
+                if before is not None and isinstance(result, Observation):
+                    refused = all(str(m.get("content", "")).startswith("Error") for m in result.messages)
+                    if refused and _db_state(episode) != before:
+                        tally.refused_but_wrote += 1
+                if not ok or not isinstance(result, Observation) or pending is None:
+                    break
+                text = pending[1]
             ok, score = await _timed(tally, "score", text, episode.score())
             if ok:
                 tally.check_reward(env, score.reward)
@@ -225,7 +236,9 @@ async def main() -> None:
         config = _config(tag, args.retail_data)
         env = registry.get_environment(tag, config)
         await contract(env, WARM_UP)  # first calls load models (Punkt, langdetect, indexes): not what is measured
+        started = time.perf_counter()
         results["contract"][tag] = await contract(env, turns)
+        print(f"{tag}: contract way done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         if not args.skip_rollout:
             await rollout(tag, env, WARM_UP, ckpt, tokenizer, {tag: config})
             results["rollout"][tag] = await rollout(tag, env, turns, ckpt, tokenizer, {tag: config})
