@@ -212,6 +212,12 @@ def _table(title: str, rows: dict[str, Tally]) -> Table:
     return table
 
 
+def _progress(tag: str, way: str, results: dict[str, dict[str, Tally]], started: float) -> None:
+    """One JSON line per env and way on stderr as soon as it is measured (a long run cut short keeps them)."""
+    line = {"env": tag, "way": way, "seconds": round(time.perf_counter() - started, 1), **vars(results[way][tag])}
+    print(json.dumps(line), file=sys.stderr, flush=True)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10_000, help="hostile turns per env and per way")
@@ -238,10 +244,12 @@ async def main() -> None:
         await contract(env, WARM_UP)  # first calls load models (Punkt, langdetect, indexes): not what is measured
         started = time.perf_counter()
         results["contract"][tag] = await contract(env, turns)
-        print(f"{tag}: contract way done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        _progress(tag, "contract", results, started)
         if not args.skip_rollout:
             await rollout(tag, env, WARM_UP, ckpt, tokenizer, {tag: config})
+            started = time.perf_counter()
             results["rollout"][tag] = await rollout(tag, env, turns, ckpt, tokenizer, {tag: config})
+            _progress(tag, "rollout", results, started)
         await env.aclose()
     if args.json:
         print(json.dumps({way: {tag: vars(t) for tag, t in rows.items()} for way, rows in results.items()}, indent=1))
