@@ -11,6 +11,7 @@ carry mask 0 and log-prob 0.0.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,23 @@ from aclarena_slime.sglang_client import SGLangClient, finish_reason, output_tok
 log = logging.getLogger(__name__)
 
 COMPLETED, TRUNCATED, ABORTED, FAILED = "completed", "truncated", "aborted", "failed"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str every surrogate code point is a lone one
+
+
+def valid_unicode(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with lone surrogates in their string fields replaced by U+FFFD.
+
+    Text that reaches the tokenizer must be valid Unicode: an env that echoes a model-written
+    ``"\\ud800"`` JSON escape would otherwise make the chat template raise, and the sample would be
+    removed, a reward-free exit the policy could learn. Messages without surrogates are kept as they are.
+    """
+    out = []
+    for message in messages:
+        if isinstance(message, dict) and any(isinstance(v, str) and _SURROGATE.search(v) for v in message.values()):
+            message = {k: _SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v for k, v in message.items()}
+        out.append(message)
+    return out
 
 
 @dataclass
@@ -127,7 +145,7 @@ async def run_episode(
 
 async def _drive(env, episode, traj, client, chat, sampling_params, settings) -> Trajectory:
     try:
-        traj.messages = list(episode.conversation.messages)
+        traj.messages = valid_unicode(list(episode.conversation.messages))
         traj.tools = episode.conversation.tools
         traj.prompt_ids = chat.prompt_ids(traj.messages, traj.tools)
     except Exception as exc:  # noqa: BLE001 - the env's messages do not render: fail this sample only
@@ -166,11 +184,12 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
         if turn + 1 == max_turns:
             break
         try:
-            obs_ids = chat.observation_ids(result.messages, ids[-1] if ids else None)
+            observation = valid_unicode(result.messages)
+            obs_ids = chat.observation_ids(observation, ids[-1] if ids else None)
         except Exception as exc:  # noqa: BLE001
             return _render_failed(env, traj, "observation", exc)
         room, limit = settings.room(traj)
-        traj.messages += result.messages
+        traj.messages += observation
         traj.add(obs_ids[: max(room, 0)], None, trainable=False)
         if len(obs_ids) >= room:
             return await _finish(episode, traj, TRUNCATED, limit)

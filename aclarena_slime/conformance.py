@@ -10,15 +10,25 @@ In a plugin's tests::
 It raises :class:`ConformanceError` listing every broken invariant of :mod:`aclarena_slime.contract`,
 including robustness: hostile model turns (empty, huge, binary junk, unclosed tags, fake tool calls)
 must come back as an observation or ``Done``, never as an exception.
+
+:func:`check_hostile_outputs` goes further, the same way (``await check_hostile_outputs(env, tasks)``):
+the known-bad corpus of :mod:`aclarena_slime.hostile` plus property-based turns from ``hypothesis``,
+each through ``start``/``step``/``score`` under a hard deadline per call, so a hang fails the check
+instead of stalling the suite.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import pickle
+import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from aclarena_slime import hostile
 from aclarena_slime.contract import CONTRACT_VERSION, Conversation, Done, Environment, Episode, Observation, Task
 
 HOSTILE_TURNS = [
@@ -132,4 +142,138 @@ async def check_environment(env: Environment, tasks: Sequence[Task], turns: Sequ
     if problems:
         raise ConformanceError(
             f"{type(env).__name__} breaks the env contract:\n- " + "\n- ".join(dict.fromkeys(problems))
+        )
+
+
+@dataclass
+class _Watch:
+    """What the worker thread is doing now, for the deadline watcher; and what it found."""
+
+    call: str = ""
+    started: float | None = None
+    problems: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+async def _one_turn(env: Environment, task: Task, turn: str, watch: _Watch) -> None:
+    """start, step, score and close one episode on ``turn``; every broken rule goes to ``watch.problems``."""
+    label = f"turn {turn[:40]!r} ({len(turn)} chars)"
+
+    async def timed(what: str, awaitable):
+        watch.call, watch.started = f"{what} on {label}", time.monotonic()
+        try:
+            return await awaitable
+        finally:
+            watch.started = None
+
+    try:
+        episode = await timed("start()", env.start(task))
+    except Exception as exc:  # noqa: BLE001
+        watch.problems.append(f"start() raised {type(exc).__name__}: {exc}"[:500])
+        return
+    try:
+        try:
+            result = await timed("step()", episode.step(turn))
+        except Exception as exc:  # noqa: BLE001
+            watch.problems.append(f"{label}: step() raised {type(exc).__name__}: {exc}"[:500])
+            return
+        if isinstance(result, Observation):
+            for message in result.messages if isinstance(result.messages, list) else []:
+                content = message.get("content") if isinstance(message, dict) else None
+                try:
+                    json.dumps(message, ensure_ascii=False).encode("utf-8")
+                except (TypeError, ValueError):
+                    watch.problems.append(f"{label}: an observation is not JSON-serialisable valid Unicode")
+                if isinstance(content, str) and len(content) > 10 * len(turn) + 100_000:
+                    watch.problems.append(f"{label}: an observation of {len(content)} chars (unbounded echo?)")
+        elif not isinstance(result, Done):
+            watch.problems.append(f"{label}: step() returned {type(result).__name__}")
+        try:
+            score = await timed("score()", episode.score())
+        except Exception as exc:  # noqa: BLE001
+            watch.problems.append(f"{label}: score() raised {type(exc).__name__}: {exc}"[:500])
+            return
+        low, high = env.reward_range
+        reward = score.reward
+        if not isinstance(reward, (int, float)) or math.isnan(reward) or not low <= reward <= high:
+            watch.problems.append(f"{label}: reward {reward!r} outside reward_range {env.reward_range}")
+        try:
+            json.dumps(score.breakdown, ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError):
+            watch.problems.append(f"{label}: the score breakdown is not JSON-serialisable valid Unicode")
+    finally:
+        await timed("close()", episode.close())
+
+
+def _work(env: Environment, tasks: Sequence[Task], turns: list[str], examples: int, size: int, watch: _Watch) -> None:
+    """The worker thread: its own event loop, the corpus, then ``examples`` property-based turns."""
+    loop = asyncio.new_event_loop()
+    try:
+        for task in tasks:
+            for turn in turns:
+                loop.run_until_complete(_one_turn(env, task, turn, watch))
+        if examples:
+            from hypothesis import HealthCheck, given, settings  # a dev dependency of the kit's users
+
+            @settings(
+                max_examples=examples,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+            )
+            @given(hostile.hypothesis_turns(size))
+            def property_check(turn: str) -> None:
+                before = len(watch.problems)
+                loop.run_until_complete(_one_turn(env, tasks[0], turn, watch))
+                assert len(watch.problems) == before, watch.problems[before:]
+
+            try:
+                property_check()
+            except AssertionError:
+                pass  # hypothesis shrank it; the problems are in watch.problems
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller's thread
+        watch.error = exc
+    finally:
+        loop.close()
+        watch.done.set()
+
+
+async def check_hostile_outputs(
+    env: Environment,
+    tasks: Sequence[Task],
+    turns: Sequence[str] = (),
+    *,
+    examples: int = 30,
+    size: int = 100_000,
+    call_deadline_s: float = 60.0,
+) -> None:
+    """Hostile model turns through ``start``/``step``/``score``: nothing escapes, rewards stay in range,
+    observations and breakdowns are valid Unicode, and no call runs past ``call_deadline_s``.
+
+    The known-bad corpus (``size`` characters per repeated turn) and ``turns`` run on every task, then
+    ``examples`` turns from a ``hypothesis`` strategy on the first. The calls run on a worker thread with
+    its own event loop, watched from here: a call past its deadline fails the check (naming the call
+    and its input) and is left running on its daemon thread, instead of stalling the suite.
+    """
+    if not tasks:
+        raise ConformanceError("check_hostile_outputs needs at least one task")
+    watch = _Watch()
+    all_turns = [*hostile.corpus(size), *turns]
+    worker = threading.Thread(
+        target=_work, args=(env, list(tasks), all_turns, examples, size, watch), daemon=True, name="hostile-check"
+    )
+    worker.start()
+    while not watch.done.is_set():
+        await asyncio.sleep(0.05)
+        started = watch.started
+        if started is not None and time.monotonic() - started > call_deadline_s:
+            raise ConformanceError(f"{type(env).__name__}: {watch.call} ran past {call_deadline_s} s")
+    if watch.error is not None:
+        raise ConformanceError(f"{type(env).__name__}: the hostile check failed: {watch.error!r}") from watch.error
+    if watch.problems:
+        raise ConformanceError(
+            f"{type(env).__name__} breaks the env contract on hostile turns:\n- "
+            + "\n- ".join(dict.fromkeys(watch.problems))
         )

@@ -328,3 +328,37 @@ def test_post_process_groups_by_position_without_group_index_and_reads_reward_ke
     assert raw == [1.0, 0.0, 0.0, 1.0]
     assert rewards[:2] == [0.0, 0.0], "one kept sample: no baseline to compare with"
     assert rewards[2:] == pytest.approx([-0.5 / (0.5**0.5 + 1e-6), 0.5 / (0.5**0.5 + 1e-6)])
+
+
+async def test_lone_surrogates_in_observations_are_replaced_not_fatal(tiny_checkpoint, tiny_tokenizer):
+    """An env that echoes a decoded ``"\\ud800"`` must not get the sample removed by the tokenizer."""
+
+    class Echo(Episode):
+        conversation = Conversation([{"role": "user", "content": "go \ud83d"}])
+        n = 0
+
+        async def step(self, text):
+            self.n += 1
+            if self.n > 1:
+                return Done()
+            return Observation([{"role": "tool", "name": "x\udfff", "content": "Error: \ud800 not found"}])
+
+        async def score(self):
+            return Score(1.0)
+
+    class EchoEnv(Environment):
+        tag = "surrogate-echo"
+        max_turns = 2
+
+        async def start(self, task):
+            return Echo()
+
+    registry.register(EchoEnv.tag, EchoEnv)
+    async with FakeSGLang(tiny_tokenizer, ["one", "two"]) as engine:
+        out = await generate(_args(tiny_checkpoint, engine), FakeSample(metadata={"env": EchoEnv.tag}), _params())
+    check_invariants(out)
+    assert out.status is S.COMPLETED and not out.remove_sample, out.metadata["aclarena"].get("error")
+    messages = out.metadata["aclarena"]["messages"]
+    assert messages[0]["content"] == "go \ufffd" and messages[2]["content"] == "Error: \ufffd not found"
+    assert "\ufffd not found" in tiny_tokenizer.decode(engine.requests[1]["input_ids"])
+    json.dumps(out.metadata).encode("utf-8")  # the sample's record is valid Unicode too

@@ -7,7 +7,12 @@ all four IFEval numbers and a verdict per instruction, so evaluation needs no se
 (``<think>…</think>``) is removed before checking.
 
 Config (recipe ``aclarena_env_config.ifeval``): ``level`` (``prompt`` | ``instruction``),
-``mode`` (``strict`` | ``loose``).
+``mode`` (``strict`` | ``loose``), ``max_response_chars`` (20000: a longer answer follows no
+instruction, reward 0, ``too_long`` in the breakdown), ``score_timeout_s`` (60).
+
+Scoring runs in one worker thread per environment, off the event loop: sentence splitting (Punkt) costs
+up to ~40 µs per character on degenerate text, so the answer length is capped and the verdict awaited
+for at most ``score_timeout_s`` (a late one scores 0, ``timed_out`` in the breakdown).
 
 Label: ``{"instruction_id_list": [...], "kwargs": [...]}`` as a dict or JSON text. A label with an
 unknown instruction id or bad kwargs raises :class:`~aclarena_envs.ifeval.checkers.LabelError` at
@@ -16,17 +21,45 @@ unknown instruction id or bad kwargs raises :class:`~aclarena_envs.ifeval.checke
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from aclarena_envs.ifeval.generator import generate
-from aclarena_envs.ifeval.reward import LEVELS, MODES, Label, judge, strip_thinking
+from aclarena_envs.ifeval.reward import LEVELS, MODES, Label, Verdicts, judge, strip_thinking
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
+from aclarena_slime.strict_config import from_mapping
+
+
+@dataclass(frozen=True)
+class IFEvalConfig:
+    level: str = "prompt"
+    mode: str = "strict"
+    max_response_chars: int = 20_000
+    score_timeout_s: float = 60.0
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> IFEvalConfig:
+        """Raises ValueError naming the key for unknown keys and bad values."""
+        cfg = from_mapping(cls, config, "config keys of the ifeval env")
+        if cfg.level not in LEVELS:
+            raise ValueError(f"ifeval: level must be one of {list(LEVELS)}, got {cfg.level!r}")
+        if cfg.mode not in MODES:
+            raise ValueError(f"ifeval: mode must be one of {list(MODES)}, got {cfg.mode!r}")
+        chars, timeout = cfg.max_response_chars, cfg.score_timeout_s
+        if isinstance(chars, bool) or not isinstance(chars, int) or chars < 1:
+            raise ValueError(f"ifeval: max_response_chars must be a positive integer, got {chars!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"ifeval: score_timeout_s must be a positive number, got {timeout!r}")
+        return cfg
 
 
 class IFEvalEpisode(Episode):
-    def __init__(self, label: Label, conversation: Conversation, level: str, mode: str) -> None:
-        self.label, self.conversation, self.level, self.mode = label, conversation, level, mode
+    def __init__(self, env: IFEvalEnvironment, label: Label, conversation: Conversation) -> None:
+        self.env, self.label, self.conversation = env, label, conversation
+        self.level, self.mode = env.level, env.mode
         self.response = ""
 
     async def step(self, text: str) -> Done:
@@ -35,9 +68,22 @@ class IFEvalEpisode(Episode):
 
     async def score(self) -> Score:
         answer, had_thinking = strip_thinking(self.response)
-        verdicts = judge(self.label, answer)
-        breakdown = {"level": self.level, "mode": self.mode, "thinking_removed": had_thinking, **verdicts.breakdown()}
-        return Score(verdicts.reward(self.level, self.mode), breakdown)
+        cfg = self.env.cfg
+        base = {"level": self.level, "mode": self.mode, "thinking_removed": had_thinking}
+        if len(answer) > cfg.max_response_chars:
+            return Score(0.0, {**base, "too_long": len(answer), **_nothing_followed(self.label)})
+        job = asyncio.get_running_loop().run_in_executor(self.env.scorer, judge, self.label, answer)
+        try:
+            verdicts = await asyncio.wait_for(job, cfg.score_timeout_s)
+        except asyncio.TimeoutError:
+            return Score(0.0, {**base, "timed_out": cfg.score_timeout_s, **_nothing_followed(self.label)})
+        return Score(verdicts.reward(self.level, self.mode), {**base, **verdicts.breakdown()})
+
+
+def _nothing_followed(label: Label) -> dict[str, Any]:
+    """The breakdown of a response that follows no instruction (unscored: too long or too slow)."""
+    none = (False,) * len(label.instruction_ids)
+    return Verdicts(label.instruction_ids, none, none).breakdown()
 
 
 class IFEvalEnvironment(Environment):
@@ -46,15 +92,16 @@ class IFEvalEnvironment(Environment):
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
-        unknown = sorted(set(self.config) - {"level", "mode"})
-        if unknown:
-            raise ValueError(f"ifeval: unknown config keys {unknown}; it takes 'level' and 'mode'")
-        self.level = str(self.config.get("level", "prompt"))
-        self.mode = str(self.config.get("mode", "strict"))
-        if self.level not in LEVELS:
-            raise ValueError(f"ifeval: level must be one of {list(LEVELS)}, got {self.level!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"ifeval: mode must be one of {list(MODES)}, got {self.mode!r}")
+        self.cfg = IFEvalConfig.from_mapping(self.config)
+        self.level, self.mode = self.cfg.level, self.cfg.mode
+        self._scorer: ThreadPoolExecutor | None = None
+
+    @property
+    def scorer(self) -> ThreadPoolExecutor:
+        """One thread, made on first use: the checkers' libraries (Punkt, langdetect) are not meant to be raced."""
+        if self._scorer is None:
+            self._scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ifeval-score")
+        return self._scorer
 
     @staticmethod
     def conversation(task: Task) -> Conversation:
@@ -65,8 +112,13 @@ class IFEvalEnvironment(Environment):
     async def start(self, task: Task) -> IFEvalEpisode:
         label = Label.parse(task.label_value)
         label.checkers()  # build now: a bad label fails here, naming the instruction
-        return IFEvalEpisode(label, self.conversation(task), self.level, self.mode)
+        return IFEvalEpisode(self, label, self.conversation(task))
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Generated prompts (see :mod:`aclarena_envs.ifeval.generator`), reproducible from ``seed``."""
         return [prompt.to_slime(i, seed) for i, prompt in enumerate(generate(n, seed))]
+
+    async def aclose(self) -> None:
+        if self._scorer is not None:
+            self._scorer.shutdown(wait=False, cancel_futures=True)
+            self._scorer = None

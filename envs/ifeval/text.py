@@ -37,7 +37,13 @@ def _word_tokenizer() -> NLTKWordTokenizer:
 
 def split_sentences(text: str) -> list[str]:
     """English sentences by Punkt, as the reference's ``count_sentences`` sees them."""
-    return _sentence_tokenizer().tokenize(text)
+    return list(_sentences(text))
+
+
+@lru_cache(maxsize=16)
+def _sentences(text: str) -> tuple[str, ...]:
+    """Cached: the sentence and capital-word checks, strict and loose, split the same texts."""
+    return tuple(_sentence_tokenizer().tokenize(text))
 
 
 def count_sentences(text: str) -> int:
@@ -51,8 +57,14 @@ def count_words(text: str) -> int:
 
 def word_tokens(text: str) -> list[str]:
     """Treebank word tokens of each Punkt sentence: ``nltk.word_tokenize`` without its data download."""
-    tokenizer = _word_tokenizer()
-    return [token for sentence in split_sentences(text) for token in tokenizer.tokenize(sentence)]
+    return [token for sentence in _sentences(text) for token in _sentence_words(sentence)]
+
+
+@lru_cache(maxsize=8192)
+def _sentence_words(sentence: str) -> tuple[str, ...]:
+    """Cached per sentence: the Treebank tokenizer runs ~40 regexes per sentence, and degenerate
+    responses repeat short sentences by the thousand (``"A. " * 10**5`` took 5 s uncached)."""
+    return tuple(_word_tokenizer().tokenize(sentence))
 
 
 @lru_cache(maxsize=2048)

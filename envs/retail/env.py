@@ -22,6 +22,9 @@ Config (recipe ``aclarena_env_config.retail``)::
       temperature: 0.0
     tool_call_format: {open: "<tool_call>", close: "</tool_call>", think_end: "</think>"}
     shaping: null                   # or {} / {truncated: -0.2, ...}: the authors' shaped reward (shaping.py)
+    max_turn_chars: 65536           # a longer model turn is not read: an error answer, nothing runs or is sent
+    max_tool_calls: 16              # calls run per turn; the rest get one error answer
+    max_error_chars: 1000           # a refusal's text (which may echo the model's arguments) is cut here
 """
 
 from __future__ import annotations
@@ -50,11 +53,26 @@ AGENT_INSTRUCTION = """You are a customer service agent of an online retail stor
 Each turn, either write a message to the customer or call tools, never both.
 Follow the policy, and make every tool call valid JSON."""
 
-CONFIG_KEYS = {"data_dir", "max_turns", "user", "tool_call_format", "shaping"}
+CONFIG_KEYS = {
+    "data_dir",
+    "max_turns",
+    "user",
+    "tool_call_format",
+    "max_turn_chars",
+    "max_tool_calls",
+    "max_error_chars",
+    "shaping",
+}
+# Caps on what one model turn can cost or make the env echo (hitting one is an answer, never an error).
+CAPS = {"max_turn_chars": 65_536, "max_tool_calls": 16, "max_error_chars": 1_000}
 
 
 def system_prompt(policy: str) -> str:
     return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+def _error(message: str) -> Message:
+    return {"role": "tool", "content": f"Error: {message}"}
 
 
 class RetailEpisode(Episode):
@@ -76,6 +94,10 @@ class RetailEpisode(Episode):
     async def step(self, text: str) -> Observation | Done:
         if self.ended:
             return Done(self.ended)
+        caps = self.env.caps
+        if len(text) > caps["max_turn_chars"]:
+            limit = caps["max_turn_chars"]
+            return Observation([_error(f"the turn has {len(text)} characters, over {limit}; nothing was run or sent.")])
         turn = self.env.parser.parse(text)
         self.bad_turns += not turn_well_formed(text)
         if self.env.shaping is not None and _broken(turn):  # the authors end the episode here
@@ -84,7 +106,13 @@ class RetailEpisode(Episode):
         if turn.content:
             self.agent_messages.append(turn.content)
         if turn.calls:
-            return Observation([self._answer(call) for call in turn.calls])
+            answers = [self._answer(call) for call in turn.calls[: caps["max_tool_calls"]]]
+            if len(turn.calls) > caps["max_tool_calls"]:
+                skipped = len(turn.calls) - caps["max_tool_calls"]
+                answers.append(
+                    _error(f"at most {caps['max_tool_calls']} tool calls per turn; {skipped} more were not run.")
+                )
+            return Observation(answers)
         reply = await self.user.reply(turn.content)
         self.ended = stop_reason(reply)
         if self.ended:
@@ -92,11 +120,12 @@ class RetailEpisode(Episode):
         return Observation([{"role": "user", "content": reply}])
 
     def _answer(self, call: Any) -> Message:
+        cut = self.env.caps["max_error_chars"]
         if isinstance(call, MalformedCall):
-            return {"role": "tool", "content": f"Error: {call.error}"}
+            return _error(call.error[:cut])
         result = self.tools.call(call.name, call.arguments)
         self.wrote = self.wrote or (call.name in WRITE_TOOLS and not result.error)
-        return {"role": "tool", "name": call.name, "content": result.content}
+        return {"role": "tool", "name": call.name, "content": result.content[:cut] if result.error else result.content}
 
     def db_hash(self) -> str:
         return canonical_hash(self.tools.db) if self.wrote else self.env.data.db.hash
@@ -131,6 +160,10 @@ class RetailEnvironment(Environment):
         unknown = set(self.config) - CONFIG_KEYS
         if unknown:
             raise ValueError(f"retail env: unknown settings {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")
+        self.caps = {key: self.config.get(key, default) for key, default in CAPS.items()}
+        for key, value in self.caps.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"retail env: {key} must be a positive integer, got {value!r}")
         if data is None and not self.config.get("data_dir"):
             raise ValueError(
                 "retail env needs data_dir: a τ³-Retail data directory (db.json, tasks.json, split_tasks.json, policy.md)"

@@ -35,22 +35,42 @@ class ParsedTurn:
     calls: list[ToolCall | MalformedCall] = field(default_factory=list)
 
 
+MAX_NAME_CHARS = 100  # longer than any tool name; a longer one is not echoed back
+
+
+def _valid_unicode(obj: Any) -> bool:
+    """Whether decoded JSON holds no lone surrogate (``"\\ud800"`` is valid JSON, not valid text)."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _read_call(body: str) -> ToolCall | MalformedCall:
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError) as exc:
         return MalformedCall(f"tool call is not valid JSON ({exc})"[:300])
+    if not _valid_unicode(obj):  # it would reach the tool answer, the database and the tokenizer
+        return MalformedCall("tool call holds a \\u escape of a lone surrogate, which is not valid text")
     if not isinstance(obj, dict):
         return MalformedCall('tool call must be a JSON object {"name": ..., "arguments": {...}}')
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return MalformedCall('tool call has no "name" string')
+    if len(name) > MAX_NAME_CHARS:
+        return MalformedCall(f'tool call "name" is {len(name)} characters long; no tool name is that long')
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):  # OpenAI-style: the arguments object encoded as a JSON string
         try:
             arguments = json.loads(arguments)
         except (ValueError, RecursionError):
             return MalformedCall(f'"arguments" of {name} is a string that is not a JSON object')
+        if not _valid_unicode(arguments):
+            return MalformedCall(
+                f'"arguments" of {name} hold a \\u escape of a lone surrogate, which is not valid text'
+            )
     if not isinstance(arguments, Mapping):
         return MalformedCall(f'"arguments" of {name} must be a JSON object')
     return ToolCall(name, dict(arguments))
@@ -84,20 +104,22 @@ class ToolCallParser:
         return text
 
     def parse(self, text: str) -> ParsedTurn:
+        """Linear in ``len(text)``: positions move forward, the text is never re-sliced from a call on."""
         rest = self.visible_text(text)
         content: list[str] = []
         calls: list[ToolCall | MalformedCall] = []
+        at = 0
         while True:
-            start = rest.find(self.open_tag)
+            start = rest.find(self.open_tag, at)
             if start < 0:
-                content.append(rest)
+                content.append(rest[at:])
                 break
-            content.append(rest[:start])
-            rest = rest[start + len(self.open_tag) :]
-            end = rest.find(self.close_tag)
+            content.append(rest[at:start])
+            body = start + len(self.open_tag)
+            end = rest.find(self.close_tag, body)
             if end < 0:
                 calls.append(MalformedCall(f"{self.open_tag} without a closing {self.close_tag}"))
                 break
-            calls.append(_read_call(rest[:end].strip()))
-            rest = rest[end + len(self.close_tag) :]
+            calls.append(_read_call(rest[body:end].strip()))
+            at = end + len(self.close_tag)
         return ParsedTurn("".join(content).strip(), calls)

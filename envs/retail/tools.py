@@ -48,24 +48,41 @@ _ARITHMETIC: dict[type, Callable[..., Any]] = {
 }
 
 
-def _too_large(base: int | float, exponent: int | float) -> bool:
-    """Whether ``base ** exponent`` would be an integer of more than ~100k bits (floats overflow by themselves)."""
-    return (
-        isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and base.bit_length() * exponent > 100_000
-    )
+# Integer work in ``calculate`` stays small whatever the model writes: no intermediate integer may pass
+# this many bits (far beyond any price; ``float`` overflows past 1,024 bits anyway), and an expression
+# may have at most ``MAX_EXPRESSION_CHARS`` characters, so the whole evaluation is a few milliseconds.
+MAX_INT_BITS = 10_000
+MAX_EXPRESSION_CHARS = 2_000
+
+
+def _too_large(op: ast.operator, left: int | float, right: int | float) -> bool:
+    """Whether the integer ``left op right`` could pass ``MAX_INT_BITS``, judged before computing it."""
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return False  # float arithmetic is constant time (and overflows by itself)
+    if isinstance(op, ast.Pow):
+        return right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_INT_BITS
+    if isinstance(op, ast.Mult):
+        return left.bit_length() + right.bit_length() > MAX_INT_BITS + 1
+    return max(left.bit_length(), right.bit_length()) >= MAX_INT_BITS  # +, -, //: at most one bit more
 
 
 def _arithmetic(node: ast.AST) -> int | float:
-    """Evaluate the arithmetic τ³'s ``calculate`` accepts (it calls ``eval``) without ``eval``."""
+    """Evaluate the arithmetic τ³'s ``calculate`` accepts (it calls ``eval``) without ``eval``.
+
+    Every operation is bounded before it runs: a product of allowed powers (``10**2000 * 10**2000 * ...``)
+    is refused like ``9**9**9``, instead of stalling the rollout for minutes.
+    """
     if isinstance(node, ast.Expression):
         return _arithmetic(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node.value, int) and node.value.bit_length() > MAX_INT_BITS:
+            raise ToolError("Result too large")
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _ARITHMETIC:
         return _ARITHMETIC[type(node.op)](_arithmetic(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
         left, right = _arithmetic(node.left), _arithmetic(node.right)
-        if isinstance(node.op, ast.Pow) and _too_large(left, right):  # 9**9**9 would hang a rollout
+        if _too_large(node.op, left, right):
             raise ToolError("Result too large")
         return _ARITHMETIC[type(node.op)](left, right)
     raise ToolError("Invalid expression")
@@ -157,6 +174,8 @@ class RetailTools:
         """
         if not all(ch in "0123456789+-*/(). " for ch in expression):
             raise ToolError("Invalid characters in expression")
+        if len(expression) > MAX_EXPRESSION_CHARS:
+            raise ToolError(f"Expression too long (over {MAX_EXPRESSION_CHARS} characters)")
         return str(round(float(_arithmetic(ast.parse(expression, filename="<string>", mode="eval"))), 2))
 
     @tool(writes=True)

@@ -16,6 +16,8 @@ against the gold answers). Configuration, from the recipe (under slime through
     protocol: search_r1             # search_r1 tags | tool_call (the authors' JSON <tool_call>, tool messages)
     format_score: 0.0               # Search-R1's structure bonus (their runs: 0.2)
     max_query_chars: 512            # longer queries get a notice instead of a search
+    max_turn_chars: 65536           # a longer model turn is not parsed: it gets a notice (an invalid turn)
+    breakdown_answer_chars: 1000    # the answer kept in the score breakdown (sample metadata) is cut here
     instruction: "...{question}..." # wraps bare-question prompts; default Search-R1's; "" = as is
 
 With neither ``corpus`` nor ``retriever_url``, the generated demo corpus is used (and the log says so).
@@ -67,6 +69,8 @@ class SearchConfig:
     reward: str = "em"
     format_score: float = 0.0
     max_query_chars: int = 512
+    max_turn_chars: int = 65_536
+    breakdown_answer_chars: int = 1000
     retriever_timeout_s: float = 30.0
     instruction: str = INSTRUCTION
     e5_model: str | None = None  # with corpus: E5 dense retrieval (e5.py), the authors' retriever
@@ -76,7 +80,7 @@ class SearchConfig:
     def from_mapping(cls, config: Mapping[str, Any]) -> SearchConfig:
         """Raises ValueError naming the key for unknown keys and bad values."""
         cfg = from_mapping(cls, config, "config keys of the search env")
-        for name in ("topk", "max_turns", "max_query_chars"):
+        for name in ("topk", "max_turns", "max_query_chars", "max_turn_chars", "breakdown_answer_chars"):
             value = getattr(cfg, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"search env: {name} must be a positive integer, got {value!r}")
@@ -132,6 +136,14 @@ class SearchEpisode(Episode):
     async def step(self, text: str) -> Observation | Done:
         cfg = self.env.cfg
         self.turns += 1
+        if len(text) > cfg.max_turn_chars:  # bounded work per turn whatever the model wrote
+            self.invalid_turns += 1
+            if self.turns >= cfg.max_turns:
+                return Done("max_turns")
+            return self._notice(
+                f"Your turn was {len(text)} characters long; the limit is {cfg.max_turn_chars}. "
+                "Search with <search> query </search> or answer with <answer> text </answer>."
+            )
         action = parse_action(text)
         if action.kind == "answer":
             self.answer = action.content
@@ -171,10 +183,11 @@ class SearchEpisode(Episode):
         well_formed = answer is not None and self.invalid_turns == 0
         correctness = em if cfg.reward == "em" else f1_value
         reward = trajectory_reward(correctness, well_formed, cfg.format_score)
+        cut = cfg.breakdown_answer_chars
         return Score(
             reward,
             {
-                "answer": answer,
+                "answer": answer if answer is None or len(answer) <= cut else answer[:cut],
                 "gold": self.golds,
                 "em": em,
                 "f1": f1_value,

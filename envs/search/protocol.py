@@ -19,8 +19,7 @@ ACTION_TAGS = ("search", "answer")
 STOP_STRINGS = ("</search>", "</answer>")
 
 _OPEN = re.compile(r"<(search|answer)>")
-_PAIR = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 # Search-R1's instruction for base models, word for word (qa_search_train_merge.py, make_prefix 'base').
 INSTRUCTION = (
@@ -66,16 +65,35 @@ def parse_action(text: str) -> Action:
 
     With no complete pair, a trailing unclosed tag counts (engines may trim the stop string) and its
     content runs to the end of the text. No tag at all gives ``Action(None)``, never an exception.
+
+    Linear in ``len(text)``: the obvious regular expressions (``<(search|answer)>(.*?)</\\1>``) rescan
+    the rest of the text from every opening tag, and a turn of repeated tags froze the event loop.
     """
-    visible = _THINK.sub(" ", text)
-    pair = _PAIR.search(visible)
-    if pair:
-        return Action(pair.group(1), pair.group(2).strip(), closed=True)
-    opens = list(_OPEN.finditer(visible))
-    if not opens:
+    visible = _without_thinking(text)
+    closing = {tag: visible.rfind(f"</{tag}>") for tag in ACTION_TAGS}
+    last = None
+    for match in _OPEN.finditer(visible):
+        tag = match.group(1)
+        if closing[tag] >= match.end():  # the leftmost opening tag with a closing one after it
+            end = visible.find(f"</{tag}>", match.end())
+            return Action(tag, visible[match.end() : end].strip(), closed=True)
+        last = match
+    if last is None:
         return Action(None)
-    last = opens[-1]
     return Action(last.group(1), visible[last.end() :].strip(), closed=False)
+
+
+def _without_thinking(text: str) -> str:
+    """Each ``<think>...</think>`` block (shortest, left to right) replaced by a space, in one pass."""
+    pieces, start = [], 0
+    while True:
+        opened = text.find(_THINK_OPEN, start)
+        closed = text.find(_THINK_CLOSE, opened + len(_THINK_OPEN)) if opened >= 0 else -1
+        if closed < 0:  # no later block can close either
+            pieces.append(text[start:])
+            return " ".join(pieces)
+        pieces.append(text[start:opened])
+        start = closed + len(_THINK_CLOSE)
 
 
 def passage_title_and_text(contents: str) -> tuple[str, str]:

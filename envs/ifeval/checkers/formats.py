@@ -10,12 +10,14 @@ from typing import Any
 from aclarena_envs.ifeval.checkers.base import Checker, Param, register
 from aclarena_envs.ifeval.vocabulary import POSTSCRIPT_MARKERS, SECTION_WORDS
 
-_PLACEHOLDER = re.compile(r"\[.*?\]")
-_STAR_BULLET = re.compile(r"^\s*\*[^\*].*$", re.MULTILINE)
-_DASH_BULLET = re.compile(r"^\s*-.*$", re.MULTILINE)
+# The reference's patterns, read with the regex engine, backtrack quadratically on runs of newlines, tabs,
+# ``[`` or ``<``; the counters below give the same answers in one pass (a test compares them):
+# placeholders ``\[.*?\]``, bullets ``^\s*\*[^\*].*$`` and ``^\s*-.*$`` (MULTILINE), titles ``<<[^\n]+>>``.
 _HIGHLIGHT = re.compile(r"\*[^\n\*]*\*")
 _BOLD = re.compile(r"\*\*[^\n\*]*\*\*")
-_TITLE = re.compile(r"<<[^\n]+>>")
+_WHITESPACE_RUN = re.compile(r"\s+")
+_STAR_ITEM = re.compile(r"\*[^*]")  # what follows a bullet's leading whitespace
+_DASH_ITEM = re.compile(r"-")
 # IFEval's fixed answer options for constrained_response.
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 _JSON_FENCES = ("```json", "```Json", "```JSON", "```")
@@ -28,7 +30,7 @@ class Placeholders(Checker):
     params = (Param("num_placeholders", int, minimum=0),)
 
     def check(self, response: str) -> bool:
-        return len(_PLACEHOLDER.findall(response)) >= self.kwargs["num_placeholders"]
+        return count_placeholders(response) >= self.kwargs["num_placeholders"]
 
     def describe(self) -> str:
         return f"Include at least {self.kwargs['num_placeholders']} placeholders in square brackets, such as [name]."
@@ -47,13 +49,15 @@ class Postscript(Checker):
     def _validate(self) -> None:
         marker = self.kwargs["postscript_marker"].strip()
         if marker == "P.P.S":
-            pattern = r"\s*p\.\s?p\.\s?s.*$"
+            pattern = r"p\.\s?p\.\s?s"
         elif marker == "P.S.":
-            pattern = r"\s*p\.\s?s\..*$"
+            pattern = r"p\.\s?s\."
         else:  # the reference inserts other markers as a regex; we match them literally
-            pattern = r"\s*" + re.escape(marker.lower()) + r".*$"
+            pattern = re.escape(marker.lower())
+        # The reference's pattern is wrapped in ``\s*`` ... ``.*$`` (MULTILINE), which match anywhere and
+        # change nothing for a search, but backtrack quadratically on long runs of whitespace.
         self._marker = marker
-        self._pattern = re.compile(pattern, re.MULTILINE)
+        self._pattern = re.compile(pattern)
 
     def check(self, response: str) -> bool:
         return self._pattern.search(response.lower()) is not None
@@ -73,7 +77,7 @@ class BulletList(Checker):
     params = (Param("num_bullets", int, minimum=0),)
 
     def check(self, response: str) -> bool:
-        count = len(_STAR_BULLET.findall(response)) + len(_DASH_BULLET.findall(response))
+        count = count_bullets(response, _STAR_ITEM) + count_bullets(response, _DASH_ITEM)
         return count == self.kwargs["num_bullets"]
 
     def describe(self) -> str:
@@ -179,7 +183,7 @@ class Title(Checker):
     """A non-empty title in double angular brackets on one line, such as ``<<poem of joy>>``."""
 
     def check(self, response: str) -> bool:
-        return any(title.lstrip("<").rstrip(">").strip() for title in _TITLE.findall(response))
+        return any(_line_title(line) for line in response.split("\n"))
 
     def describe(self) -> str:
         return "Your answer must contain a title wrapped in double angular brackets, such as <<poem of joy>>."
@@ -187,3 +191,44 @@ class Title(Checker):
     @classmethod
     def sample_kwargs(cls, rng: random.Random) -> dict[str, Any]:
         return {}
+
+
+def count_placeholders(response: str) -> int:
+    """Matches of ``\\[.*?\\]``: a ``[`` and the first ``]`` after it on the same line."""
+    count = 0
+    for line in response.split("\n"):
+        start = line.find("[")
+        while start >= 0:
+            end = line.find("]", start + 1)
+            if end < 0:  # no later "[" on this line can close either
+                break
+            count += 1
+            start = line.find("[", end + 1)
+    return count
+
+
+def count_bullets(response: str, item: re.Pattern[str]) -> int:
+    """Matches of ``^\\s*<item>.*$`` (MULTILINE), in one pass.
+
+    ``\\s*`` may cross newlines, so a bullet starts at a line start from which only whitespace leads
+    to the item; the match runs to the end of the line where the item ends.
+    """
+    run_starts = {m.end(): m.start() for m in _WHITESPACE_RUN.finditer(response)}
+    count, resume = 0, 0  # resume: where the regex engine goes on after the last match
+    for marker in item.finditer(response):
+        q = marker.start()
+        if q < resume:
+            continue
+        low = max(run_starts.get(q, q), resume)  # the earliest start from which only whitespace leads to q
+        if low > 0 and response.find("\n", low - 1, q) < 0:  # no line start in [low, q]
+            continue
+        count += 1
+        end = response.find("\n", marker.end())
+        resume = len(response) + 1 if end < 0 else end
+    return count
+
+
+def _line_title(line: str) -> bool:
+    """Whether ``<<[^\\n]+>>`` matches on this line with a non-blank title: first ``<<`` to last ``>>``."""
+    start, end = line.find("<<"), line.rfind(">>")
+    return start >= 0 and end >= start + 3 and bool(line[start : end + 2].lstrip("<").rstrip(">").strip())

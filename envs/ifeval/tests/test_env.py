@@ -13,7 +13,7 @@ from aclarena_envs.ifeval.env import IFEvalEnvironment
 from aclarena_envs.ifeval.generator import generate
 from aclarena_envs.ifeval.metrics import aggregate
 from aclarena_envs.ifeval.reward import Label, judge, loose_variants, strip_thinking
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Task
 
 LABEL = {
@@ -135,3 +135,11 @@ def test_nothing_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
         verdicts = judge(prompt.label, "Dr. Smith wrote this. It has, SOME words.\n\n*Highlight* here.\n***\nEnd.")
         seen.update(verdicts.instruction_ids)
     assert seen == set(INSTRUCTIONS)
+
+
+async def test_survives_hostile_turns() -> None:
+    env = IFEvalEnvironment({})
+    try:
+        await check_hostile_outputs(env, [Task(**r) for r in env.demo_records(2)])
+    finally:
+        await env.aclose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aclarena_envs.learnable.env import LearnableEnvironment
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Done, Observation, Task
 
 
@@ -39,3 +39,8 @@ async def test_conforms_to_the_env_contract():
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="turns"):
         LearnableEnvironment({"turns": 0})
+
+
+async def test_survives_hostile_turns():
+    env = LearnableEnvironment({})
+    await check_hostile_outputs(env, [Task(r["prompt"], r["label"], r["metadata"]) for r in env.demo_records(1)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aclarena_envs.mock.env import MockEnvironment
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Task
 
 
@@ -19,3 +19,8 @@ def test_settings_are_read_and_misspelt_keys_refused():
 async def test_mock_conforms():
     env = MockEnvironment({})
     await check_environment(env, [Task(**r) for r in env.demo_records(2)], turns=["<guess>fig</guess>"])
+
+
+async def test_mock_survives_hostile_turns():
+    env = MockEnvironment({})
+    await check_hostile_outputs(env, [Task(**r) for r in env.demo_records(1)])

@@ -11,7 +11,7 @@ from aclarena_envs.retail.env import RetailEnvironment
 from aclarena_envs.retail.gold import gold_environment, play_gold, tool_call_text
 from aclarena_envs.retail.user_sim import ScriptedUser, UserSession, UserSimulator
 from aclarena_slime.cli import main as cli_main
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Done, EpisodeAborted, Observation, Task
 
 
@@ -142,6 +142,31 @@ async def test_customer_who_stops_at_once_ends_the_episode(tiny_data):
     assert await episode.step("Hello?") == Done("user_out_of_scope")
 
 
+async def test_caps_on_a_turn_are_answers_and_bound_the_work(tiny_data):
+    """One 616 kB turn made 26,798 tool messages; a turn past the caps is answered, never an error."""
+    env = RetailEnvironment(
+        {"data_dir": str(tiny_data), "user": {"kind": "scripted", "replies": ["hi"]}, "max_turn_chars": 10_000}
+    )
+    episode = await env.start(task("t0"))
+    lookup = call("get_user_details", user_id="ann_lee_1")
+    obs = await episode.step(lookup * 40)
+    assert len(obs.messages) == 17 and "at most 16 tool calls per turn; 24 more" in obs.messages[-1]["content"]
+    obs = await episode.step(lookup * 1000)
+    assert len(obs.messages) == 1 and "over 10000; nothing was run or sent" in obs.messages[0]["content"]
+    long_id = "I" + "9" * 5000
+    obs = await episode.step(
+        call(
+            "modify_pending_order_items",
+            order_id="#W1",
+            item_ids=[long_id],
+            new_item_ids=["I2"],
+            payment_method_id="gift_card_1",
+        )
+    )
+    assert len(obs.messages[0]["content"]) == 1000  # the refusal echoed the argument: cut
+    assert episode.agent_messages == [] and not episode.wrote
+
+
 async def test_conformance_kit(tiny_data):
     await check_environment(
         env_with(tiny_data, ["hi", "ok"]),
@@ -156,6 +181,7 @@ async def test_conformance_kit(tiny_data):
         ({}, "needs data_dir"),
         ({"data_dir": "/nonexistent/retail"}, "does not exist"),
         ({"data_dir": "x", "max_turn": 3}, "unknown settings"),
+        ({"data_dir": "x", "max_tool_calls": 0}, "max_tool_calls must be a positive integer"),
     ],
 )
 def test_config_errors(config, message):
@@ -252,3 +278,8 @@ def test_prepare_data_writes_slime_records(tiny_data, tmp_path, capsys):
 def test_demo_records_come_from_the_train_split(tiny_data):
     rows = env_with(tiny_data, []).demo_records(5, seed=1)
     assert sorted(r["label"] for r in rows) == ["t0", "t2"]
+
+
+async def test_survives_hostile_turns(tiny_data):
+    env = env_with(tiny_data, ["hi"] * 1000)
+    await check_hostile_outputs(env, [task("t0")])

@@ -117,3 +117,24 @@ async def test_failing_simulator_aborts_the_sample_instead_of_scoring_it(tiny_ch
     assert out.status is S.ABORTED and out.remove_sample
     assert "user simulator" in out.metadata["aclarena"]["error"] and "score" not in out.metadata["aclarena"]
     await registry.get_environment("retail", args.aclarena_env_config["retail"]).aclose()
+
+
+async def test_a_lone_surrogate_escape_in_a_tool_call_is_an_error_observation(
+    tiny_checkpoint, tiny_tokenizer, tiny_data
+):
+    """``{"name": "\\ud800"}`` (plain ASCII in the model's text) decoded to a lone surrogate that the tool
+    answer echoed; the chat template's tokenizer raised and the sample was removed: a reward-free exit."""
+    turns = [
+        '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#W\\udfff"}}</tool_call>',
+        "Goodbye.",
+    ]
+    async with FakeSGLang(tiny_tokenizer, turns) as engine:
+        args = _args(tiny_checkpoint, engine, tiny_data, {"kind": "scripted", "replies": ["Hi.", "Bye ###STOP###"]})
+        out = await generate(args, _sample(), {"temperature": 1.0})
+        assert await reward(args, out) == 0.0
+    check_invariants(out)
+    assert out.status is S.COMPLETED and not out.remove_sample, out.metadata["aclarena"].get("error")
+    tool_answers = [m["content"] for m in out.metadata["aclarena"]["messages"] if m["role"] == "tool"]
+    assert len(tool_answers) == 2 and all(a.startswith("Error: ") for a in tool_answers)
+    assert all(a.encode("utf-8") for a in tool_answers)

@@ -33,6 +33,10 @@ def test_thinking_is_not_content_and_its_calls_do_not_count():
         ('<tool_call>{"name": "calculate", "arguments": "[1"}</tool_call>', "not a JSON object"),
         ('<tool_call>{"name": "calculate", "arguments": {}}', "without a closing </tool_call>"),
         ("<tool_call>" + "[" * 100_000 + "</tool_call>", "not valid JSON"),
+        ('<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>', "lone surrogate"),
+        ('<tool_call>{"name": "calculate", "arguments": {"expression": "\\udfff"}}</tool_call>', "lone surrogate"),
+        ('<tool_call>{"name": "calculate", "arguments": "{\\"x\\": \\"\\\\ud800\\"}"}</tool_call>', "lone surrogate"),
+        ('<tool_call>{"name": "' + "n" * 101 + '", "arguments": {}}</tool_call>', "101 characters long"),
     ],
 )
 def test_malformed_calls_become_errors(text, error):

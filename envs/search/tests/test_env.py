@@ -11,7 +11,7 @@ import pytest
 
 from aclarena_envs.search.demo_corpus import generate, write_jsonl
 from aclarena_envs.search.env import SearchEnvironment
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Done, Observation, Task
 
 DEMO = generate(60, seed=3)
@@ -162,3 +162,18 @@ def test_score_cli_on_a_response():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["reward"] == 1.0 and result["ended"] and result["breakdown"]["answer"] == "Paris"
+
+
+async def test_an_overlong_turn_is_a_notice_and_the_breakdown_keeps_a_short_answer():
+    env = SearchEnvironment({"max_turn_chars": 100, "breakdown_answer_chars": 8})
+    episode = await env.start(_task())
+    obs = await episode.step("<search>" + "x" * 200 + "</search>")
+    assert isinstance(obs, Observation) and "the limit is 100" in obs.messages[0]["content"]
+    assert await episode.step("<answer>" + "y" * 50 + "</answer>") == Done("answer")
+    breakdown = (await episode.score()).breakdown
+    assert breakdown["answer"] == "y" * 8
+    assert breakdown["invalid_turns"] == 1 and breakdown["searches"] == 0
+
+
+async def test_survives_hostile_turns(env):
+    await check_hostile_outputs(env, [_task()])

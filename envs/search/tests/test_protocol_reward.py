@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import re
+import subprocess
+import sys
 
-from aclarena_envs.search.protocol import INSTRUCTION, format_information, make_prompt, parse_action
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aclarena_envs.search.protocol import INSTRUCTION, Action, format_information, make_prompt, parse_action
 from aclarena_envs.search.reward import exact_match, f1, gold_answers, normalize_answer, trajectory_reward
 
 
@@ -70,3 +76,42 @@ def test_gold_answer_shapes():
     for bad in (None, {}, {"target": []}, {"target": [{"a": 1}]}):
         with pytest.raises(ValueError, match="target"):
             gold_answers(bad)
+
+
+def _regex_parse_action(text):
+    """The former regular-expression parser, the reference for what the linear one must return."""
+    visible = re.sub(r"<think>.*?</think>", " ", text, flags=re.DOTALL)
+    pair = re.search(r"<(search|answer)>(.*?)</\1>", visible, re.DOTALL)
+    if pair:
+        return Action(pair.group(1), pair.group(2).strip(), closed=True)
+    opens = list(re.finditer(r"<(search|answer)>", visible))
+    if not opens:
+        return Action(None)
+    return Action(opens[-1].group(1), visible[opens[-1].end() :].strip(), closed=False)
+
+
+_PIECES = ["<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>", "q", " ", "\n", "<", ">"]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30))
+def test_parse_action_agrees_with_the_regular_expressions(pieces):
+    text = "".join(pieces)
+    assert parse_action(text) == _regex_parse_action(text)
+
+
+def test_parse_action_is_linear_on_repeated_tags():
+    """``"<search>" * 10000`` took 6.5 s (four times that per doubling); 50,000 tags would take minutes.
+
+    Run in a child process with a hard limit far above the linear parser's milliseconds, so the old
+    quadratic parser fails here instead of stalling the suite.
+    """
+    code = (
+        "from aclarena_envs.search.protocol import parse_action\n"
+        "for tag in ('<search>', '<answer>', '<think>', '<think></search>'):\n"
+        "    action = parse_action(tag * 50_000)\n"
+        "print(parse_action('<search>' * 50_000).kind)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "search"

@@ -1,7 +1,7 @@
 import pytest
 
 from aclarena_envs.template.env import TemplateEnvironment
-from aclarena_slime.conformance import check_environment
+from aclarena_slime.conformance import check_environment, check_hostile_outputs
 from aclarena_slime.contract import Task
 
 
@@ -17,3 +17,8 @@ def test_misspelt_config_keys_are_refused():
     assert TemplateEnvironment({"instruction": "One word."}).instruction == "One word."
     with pytest.raises(ValueError, match=r"unknown config keys of the template env \['instructions'\]"):
         TemplateEnvironment({"instructions": "One word."})
+
+
+async def test_template_survives_hostile_turns():
+    env = TemplateEnvironment({})
+    await check_hostile_outputs(env, [Task(**r) for r in env.demo_records(1)])
