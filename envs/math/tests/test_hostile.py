@@ -92,3 +92,14 @@ async def test_hostile_answers_score_without_raising_or_stalling(response):
     assert score.reward == (1.0 if response.endswith("\\boxed{7}") else 0.0)
     assert time.monotonic() - start < 3.0 + 10.0, "bounded by the verifier's hard timeout"
     assert longest < 1.0, f"the event loop was held for {longest:.2f}s"
+
+
+async def test_the_hostile_output_kit_passes_on_math():
+    """The shared kit (known-bad corpus plus generated turns) that every env runs."""
+    from aclarena_slime.conformance import check_hostile_outputs
+
+    env = MathEnvironment({"workers": 1, "timeout_s": 3.0})
+    try:
+        await check_hostile_outputs(env, [Task(**r) for r in env.demo_records(2)])
+    finally:
+        await env.aclose()
