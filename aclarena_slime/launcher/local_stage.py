@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from aclarena_slime.recipes.compose import RecipeError
@@ -9,7 +10,11 @@ from aclarena_slime.recipes.schema import StageRecipe
 
 
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
-    """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word."""
+    """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word.
+
+    ``cluster.local.env_config`` and ``cluster.local.warm_start_demos`` hold one entry per env tag;
+    the stage's env picks its own. An env without demos runs without the warm start, with a warning.
+    """
     if recipe.kind != "rl":
         raise RecipeError(f"the local backend runs RL stages only; {recipe.name} is kind {recipe.kind!r}")
     algorithm = recipe.algorithm
@@ -33,6 +38,25 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     values["env_config"] = _merged(
         values["env_config"], (local.pop("env_config", None) or {}).get(recipe.data.env) or {}
     )
+    demos = local.pop("warm_start_demos", None)
+    if isinstance(demos, dict):  # one demo-turns function per env tag
+        demos = demos.get(recipe.data.env)
+        if demos is None and local.get("warm_start_steps"):
+            warnings.warn(
+                f"cluster.local: no warm_start_demos for env {recipe.data.env!r}; this stage runs without "
+                "the SFT warm start (GRPO from the base model)",
+                stacklevel=2,
+            )
+            local["warm_start_steps"] = 0
+    if local.get("base_adapter") and local.get("warm_start_steps"):
+        warnings.warn(
+            "cluster.local: this stage continues base_adapter; it runs without the SFT warm start "
+            "(which would change the backbone under the adapter)",
+            stacklevel=2,
+        )
+        local["warm_start_steps"] = 0
+    if demos is not None:
+        values["warm_start_demos"] = demos
     values.update(local)
     return values
 
