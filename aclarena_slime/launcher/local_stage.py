@@ -12,8 +12,9 @@ from aclarena_slime.recipes.schema import StageRecipe
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word.
 
-    ``cluster.local.env_config`` and ``cluster.local.warm_start_demos`` hold one entry per env tag;
-    the stage's env picks its own. An env without demos runs without the warm start, with a warning.
+    ``cluster.local.env_config`` and ``cluster.local.warm_start_demos`` hold one entry per env tag, and
+    ``max_response_len`` may (with a ``default``): the stage's env picks its own. An env without demos
+    runs without the warm start, with a warning.
     """
     if recipe.kind != "rl":
         raise RecipeError(f"the local backend runs RL stages only; {recipe.name} is kind {recipe.kind!r}")
@@ -38,6 +39,11 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     values["env_config"] = _merged(
         values["env_config"], (local.pop("env_config", None) or {}).get(recipe.data.env) or {}
     )
+    if isinstance(local.get("max_response_len"), dict):  # per env tag, else its "default"
+        budgets = local["max_response_len"]
+        local["max_response_len"] = budgets.get(recipe.data.env, budgets.get("default"))
+        if local["max_response_len"] is None:
+            raise RecipeError(f"cluster.local.max_response_len names neither {recipe.data.env!r} nor 'default'")
     demos = local.pop("warm_start_demos", None)
     if isinstance(demos, dict):  # one demo-turns function per env tag
         demos = demos.get(recipe.data.env)

@@ -175,3 +175,57 @@ def test_held_out_prompts_are_never_training_prompts(tmp_path):
     with pytest.raises(LocalStageError, match="nothing is left to train"):
         stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)}))
     asyncio.run(env.aclose())
+
+
+def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
+    """The whole shape, small: base evaluated, SFT on gold demos, GRPO on the new backbone; the last line."""
+    from aclarena_slime.launcher.stage import StageResult, finished_text
+    from aclarena_slime.local.stage import run_stage
+
+    cfg = LocalStageConfig(
+        env="math",
+        output_dir=str(tmp_path / "math"),
+        env_config={"workers": 1},
+        steps=1,
+        prompts_per_step=2,
+        samples_per_prompt=2,
+        max_response_len=16,
+        eval_size=2,
+        torch_threads=1,
+        progress=False,
+        warm_start_steps=3,
+        warm_start_records=8,
+        warm_start_demos="aclarena_envs.math.data.demo_turns",
+    )
+    metrics = run_stage(cfg)
+    warm = metrics["warm_start"]
+    assert warm["demos"]["kept"] == 8 and warm["sft"]["nll_after"] < warm["sft"]["nll_before"]
+    assert metrics["model_dir"] == warm["backbone"] == str(cfg.warm_start_dir.resolve())
+    adapter_config = json.loads((cfg.adapter_dir / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == warm["backbone"]  # the expert sits on the new backbone
+    assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
+    assert metrics["records"] == {"train": 2, "warm_start": 8, "evaluation": 2, "overlap_dropped": 0}
+    before, after = metrics["eval_before"]["mean_reward"], metrics["eval_after"]["mean_reward"]
+    line = finished_text(StageResult(0, "local", adapter=str(cfg.adapter_dir), metrics=metrics))
+    assert line.endswith(f"eval mean reward {before:.3f} -> {after:.3f}")
+    # A chained stage continuing this expert loads the backbone the expert was trained on.
+    chained = LocalStageConfig(env="math", output_dir=str(tmp_path / "next"), base_adapter=str(cfg.adapter_dir))
+    assert chained.model_source == warm["backbone"]
+
+
+def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
+    from aclarena_slime.launcher.local_stage import local_config
+    from aclarena_slime.recipes.compose import load_recipe
+
+    recipes = __import__("pathlib").Path(__file__).resolve().parents[2] / "recipes"
+    cfg = local_config(load_recipe(recipes / "stage2_search.yaml", [f"paths.root={tmp_path}", "cluster=local"]))
+    assert cfg.warm_start_steps > 0 and cfg.warm_start_demos == "aclarena_envs.search.data.demo_turns"
+    assert cfg.eval_size >= 32
+    with pytest.warns(UserWarning, match="no warm_start_demos for env 'retail'"):
+        retail = local_config(load_recipe(recipes / "stage3_retail.yaml", [f"paths.root={tmp_path}", "cluster=local"]))
+    assert retail.warm_start_steps == 0
+    with pytest.warns(UserWarning, match="continues base_adapter"):
+        chained = local_config(
+            load_recipe(recipes / "stage1_math.yaml", ["cluster=local", f"++cluster.local.base_adapter={tmp_path}"])
+        )
+    assert chained.warm_start_steps == 0
