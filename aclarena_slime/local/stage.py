@@ -28,6 +28,7 @@ import json
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,13 +167,16 @@ class StageRecords:
     """The stage's records: RL prompts, warm-start prompts and held-out evaluation prompts.
 
     No training record (RL or warm start) shares a prompt with an evaluation record: those found in
-    the training source are dropped and counted in ``overlap_dropped``.
+    the training source are dropped and counted in ``overlap_dropped``. Only when that would leave
+    nothing to train on (an env with a handful of prompts) are they kept, with a warning and
+    ``held_out`` False.
     """
 
     train: list[dict[str, Any]]
     warm_start: list[dict[str, Any]]
     evaluation: list[dict[str, Any]]
     overlap_dropped: int
+    held_out: bool = True  # False: no training prompt was left once the evaluation prompts were taken out
 
     def counts(self) -> dict[str, int]:
         return {
@@ -180,6 +184,7 @@ class StageRecords:
             "warm_start": len(self.warm_start),
             "evaluation": len(self.evaluation),
             "overlap_dropped": self.overlap_dropped,
+            "held_out": self.held_out,
         }
 
 
@@ -200,14 +205,19 @@ def stage_records(env: Any, cfg: LocalStageConfig) -> StageRecords:
     else:  # enough demo records that dropping the held-out prompts still leaves the ones asked for
         source = demo_records(env, max(n_train, n_warm) + len(evaluation), cfg.seed)
     pool = [r for r in source if prompt_key(r) not in held_out]
-    if not pool:
-        raise LocalStageError("every training record's prompt is also an evaluation prompt; nothing is left to train")
+    disjoint = bool(pool)
+    if not disjoint:  # an env with a handful of prompts (a test env): train on them, and say so loudly
+        warnings.warn(
+            f"every training prompt of env {cfg.env!r} is also an evaluation prompt: the evaluation is not held out",
+            stacklevel=2,
+        )
+        pool = list(source)
     rng = random.Random(cfg.seed)
     train = take(pool, n_train, rng) if cfg.data_path else pool[:n_train]
     if len(train) < n_train:  # a finite demo set: go through it again
         train = take(pool, n_train, rng)
     warm = take(pool, n_warm, random.Random(cfg.seed + 1)) if n_warm else []
-    return StageRecords(train, warm, evaluation, len(source) - len(pool))
+    return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint)
 
 
 def prompt_key(record: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
 from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
-from aclarena_slime.local.stage import LocalStageError, prompt_key, stage_records
+from aclarena_slime.local.stage import prompt_key, stage_records
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +172,9 @@ def test_held_out_prompts_are_never_training_prompts(tmp_path):
     assert from_file.overlap_dropped == 5 and not held_out & {prompt_key(r) for r in from_file.train}
 
     data.write_text("".join(json.dumps(r) + "\n" for r in split.evaluation[:5]))
-    with pytest.raises(LocalStageError, match="nothing is left to train"):
-        stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)}))
+    with pytest.warns(UserWarning, match="not held out"):  # nothing else to train on: kept, and said
+        only_eval = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)}))
+    assert not only_eval.held_out and only_eval.counts()["held_out"] is False
     asyncio.run(env.aclose())
 
 
@@ -204,7 +205,7 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     adapter_config = json.loads((cfg.adapter_dir / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == warm["backbone"]  # the expert sits on the new backbone
     assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
-    assert metrics["records"] == {"train": 2, "warm_start": 8, "evaluation": 2, "overlap_dropped": 0}
+    assert metrics["records"] == {"train": 2, "warm_start": 8, "evaluation": 2, "overlap_dropped": 0, "held_out": True}
     before, after = metrics["eval_before"]["mean_reward"], metrics["eval_after"]["mean_reward"]
     line = finished_text(StageResult(0, "local", adapter=str(cfg.adapter_dir), metrics=metrics))
     assert line.endswith(f"eval mean reward {before:.3f} -> {after:.3f}")
