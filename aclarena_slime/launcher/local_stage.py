@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from aclarena_slime.recipes.compose import RecipeError
@@ -9,7 +10,12 @@ from aclarena_slime.recipes.schema import StageRecipe
 
 
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
-    """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word."""
+    """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word.
+
+    ``cluster.local.env_config`` and ``cluster.local.warm_start_demos`` hold one entry per env tag, and
+    ``max_response_len`` may (with a ``default``): the stage's env picks its own. An env without demos
+    runs without the warm start, with a warning.
+    """
     if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and "aclarena_sft_filter" not in recipe.custom):
         raise RecipeError(
             f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
@@ -37,6 +43,30 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     values["env_config"] = _merged(
         values["env_config"], (local.pop("env_config", None) or {}).get(recipe.data.env) or {}
     )
+    if isinstance(local.get("max_response_len"), dict):  # per env tag, else its "default"
+        budgets = local["max_response_len"]
+        local["max_response_len"] = budgets.get(recipe.data.env, budgets.get("default"))
+        if local["max_response_len"] is None:
+            raise RecipeError(f"cluster.local.max_response_len names neither {recipe.data.env!r} nor 'default'")
+    demos = local.pop("warm_start_demos", None)
+    if isinstance(demos, dict):  # one demo-turns function per env tag
+        demos = demos.get(recipe.data.env)
+        if demos is None and local.get("warm_start_steps"):
+            warnings.warn(
+                f"cluster.local: no warm_start_demos for env {recipe.data.env!r}; this stage runs without "
+                "the SFT warm start (GRPO from the base model)",
+                stacklevel=2,
+            )
+            local["warm_start_steps"] = 0
+    if local.get("base_adapter") and local.get("warm_start_steps"):
+        warnings.warn(
+            "cluster.local: this stage continues base_adapter; it runs without the SFT warm start "
+            "(which would change the backbone under the adapter)",
+            stacklevel=2,
+        )
+        local["warm_start_steps"] = 0
+    if demos is not None:
+        values["warm_start_demos"] = demos
     values.update(local)
     return values
 
@@ -68,8 +98,8 @@ def run_local(recipe: StageRecipe) -> dict[str, Any]:
     from aclarena_slime.local.stage import run_stage
 
     cfg = local_config(recipe)
-    if recipe.kind == "sft":  # a warm start: teacher rollouts, the recipe's filter, SFT (aclarena_slime.local.sft)
-        from aclarena_slime.local.sft import filter_settings, run_sft_stage
+    if recipe.kind == "sft":  # a warm start: teacher rollouts, the recipe's filter, SFT (aclarena_slime.local.sft_stage)
+        from aclarena_slime.local.sft_stage import filter_settings, run_sft_stage
 
         try:
             settings = filter_settings(recipe.custom.get("aclarena_sft_filter"))

@@ -6,6 +6,7 @@ stage runner (:func:`aclarena_slime.local.stage.run_stage`) is its only reader.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +33,14 @@ class LocalStageConfig:
     set is ``eval_data_path`` or, when absent, ``eval_size`` further demo records (other seed).
     ``base_adapter`` starts the expert from an existing PEFT directory; ``backbone`` replaces the
     base model (a merged/SDFT checkpoint) and wins over ``model`` — both for chaining stages.
+    Training records never share a prompt with the evaluation records (see ``stage.stage_records``).
+
+    Warm start (the paper's stage shape, SFT then RL): with ``warm_start_steps`` > 0 the backbone is
+    first fine-tuned in full on gold demo trajectories — ``warm_start_records`` training records, their
+    model turns written by ``warm_start_demos`` (a dotted path to the env plugin's
+    ``turns(record) -> list[str]``), replayed through the env and kept when they score at least
+    ``warm_start_min_reward`` (None: the env's best reward) — and the LoRA expert is trained by GRPO
+    on top.
     """
 
     env: str
@@ -73,6 +82,12 @@ class LocalStageConfig:
     # The replay baseline (aclarena_slime.curriculum.replay): ReplaySettings fields plus ``domains`` and their
     # ``env_config``; the curriculum fills it. Empty: the stage's own records only.
     replay: Mapping[str, Any] = field(default_factory=dict)
+    warm_start_steps: int = 0  # 0: no warm start
+    warm_start_demos: str | None = None
+    warm_start_records: int = 256
+    warm_start_lr: float = 1e-3
+    warm_start_batch_size: int = 16
+    warm_start_min_reward: float | None = None
 
     def __post_init__(self) -> None:
         if not self.env or not isinstance(self.env, str):
@@ -88,6 +103,8 @@ class LocalStageConfig:
             "max_concurrency",
             "updates_per_step",
             "micro_batch_size",
+            "warm_start_records",
+            "warm_start_batch_size",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -115,8 +132,30 @@ class LocalStageConfig:
             raise LocalConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         if not 0 <= self.engine_port < 65536:
             raise LocalConfigError(f"engine_port must be 0..65535, got {self.engine_port!r}")
+        self._check_warm_start()
         if not isinstance(self.env_config, Mapping):
             raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")
+
+    def _check_warm_start(self) -> None:
+        steps = self.warm_start_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise LocalConfigError(f"warm_start_steps must be a non-negative integer, got {steps!r}")
+        if steps and not self.warm_start_demos:
+            raise LocalConfigError(
+                "warm_start_steps > 0 needs warm_start_demos, the dotted path of the env's demo-turns function"
+            )
+        if steps and self.base_adapter:
+            raise LocalConfigError(
+                "warm_start_steps > 0 with a base_adapter: the warm start would change the backbone under the "
+                "adapter it continues; set warm_start_steps=0 for a chained stage"
+            )
+        if self.warm_start_lr <= 0:
+            raise LocalConfigError(f"warm_start_lr must be positive, got {self.warm_start_lr!r}")
+
+    @property
+    def warm_start_dir(self) -> Path:
+        """The warm-started backbone (a Hugging Face model folder)."""
+        return Path(self.output_dir) / "warm_start_model"
 
     @property
     def expert_name(self) -> str:
@@ -133,8 +172,10 @@ class LocalStageConfig:
 
     @property
     def model_source(self) -> str:
-        """What the stage loads: the chained backbone when given, else ``model``."""
-        return self.backbone or self.model
+        """What the stage loads: the chained backbone when given, else the backbone ``base_adapter`` was
+        trained on (its ``adapter_config.json`` records it; an adapter only means something on its own
+        base), else ``model``."""
+        return self.backbone or adapter_backbone(self.base_adapter) or self.model
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -162,3 +203,15 @@ def hf_target_modules(names: Any) -> tuple[str, ...]:
     if not out:
         raise LocalConfigError("lora_target_modules must name at least one module")
     return tuple(out)
+
+
+def adapter_backbone(adapter: str | None) -> str | None:
+    """The model folder a PEFT adapter was trained on, when its config names one that exists here."""
+    if not adapter:
+        return None
+    config = Path(adapter) / "adapter_config.json"
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        return None
+    return base if isinstance(base, str) and (Path(base) / "config.json").is_file() else None

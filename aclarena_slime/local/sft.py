@@ -1,196 +1,191 @@
-"""An SFT warm start on the local backend: teacher rollouts, the shared warm-start filter, SFT on what is kept.
+"""Supervised fine-tuning on token sequences with a loss mask: the local backend's one SFT mechanism.
 
-What the paper's chain does before search and retail RL (a teacher's rollouts, filtered, then SFT), made
-small enough for a CPU: the teacher is the stage's starting point (the previous stage's adapter, served
-by the embedded engine), its rollouts go through the real rollout functions, the filter is the one the
-SFT data command applies (:func:`aclarena_slime.distill.sdft.build_mixture`, with the recipe's
-``aclarena_sft_filter``), and the kept episodes train the adapter with cross-entropy on their model tokens
-(loss mask 1: exactly the tokens the teacher sampled, as the authors' pre-tokenized TauSFT data). The output
-folder has the RL stage's layout (``adapter/``, ``metrics.json``), so the next stage chains from it.
+Two callers share it: the warm start of a local RL stage (the paper's Base → SFT → RL shape: the
+backbone is fine-tuned on the env's gold demo trajectories before GRPO, see
+:mod:`aclarena_slime.local.demos`) and SFT-stage recipes run on the local backend. It trains whatever
+parameters of ``model`` require a gradient: all of them for a full fine-tune (:func:`warm_start`), only
+the adapter's for a PEFT model.
+
+Loss: the token-mean negative log-likelihood over the mask-1 tokens of a batch. An
+:class:`SftExample` masks out the prompt and the observations, exactly as a rollout's loss mask does,
+so SFT trains the tokens the policy itself writes and nothing else.
+
+API::
+
+    examples = [SftExample(tokens=[...], loss_mask=[0, 0, 1, 1, ...]), ...]
+    report = train_sft(model, examples, SftSettings(steps=200, lr=1e-3), pad_id=0, seed=0)
+    backbone_dir, report = warm_start(model_dir, examples, settings, out_dir)   # full fine-tune, saved
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from aclarena_slime.distill.dumps import episode_from_record
-from aclarena_slime.distill.sdft import MixtureSettings, build_mixture
-from aclarena_slime.jsonl import write_json_atomic
-from aclarena_slime.local.config import LocalStageConfig
-from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.local.records import Sample, demo_records
-from aclarena_slime.local.stage import (
-    EVAL_SEED_OFFSET,
-    bind_engine,
-    evaluate,
-    prepare_model,
-    rollout_step,
-    to_train_sample,
-)
-from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
-from aclarena_slime.registry import get_environment
-from aclarena_slime.sglang_client import SGLangClient, close_sessions
-
-FILTER_KEYS = ("min_reward", "statuses", "max_tokens")
+import torch
 
 
-def filter_settings(values: Mapping[str, Any] | None) -> MixtureSettings:
-    """The recipe's ``aclarena_sft_filter`` ({min_reward, statuses, max_tokens}) as the pipeline's settings."""
-    values = dict(values or {})
-    unknown = sorted(set(values) - set(FILTER_KEYS))
-    if unknown or "min_reward" not in values:
-        raise ValueError(f"aclarena_sft_filter needs min_reward and knows {', '.join(FILTER_KEYS)}; got {sorted(values)}")
-    return MixtureSettings(
-        default_threshold=float(values["min_reward"]),
-        statuses=tuple(values.get("statuses") or ("completed",)),
-        max_tokens=values.get("max_tokens"),
-    )
+class SftError(ValueError):
+    """SFT data or settings that cannot work; the message says which."""
 
 
-def run_sft_stage(cfg: LocalStageConfig, settings: MixtureSettings, epochs: int = 1) -> dict[str, Any]:
-    """Run the warm start; returns the metrics (also written to ``cfg.metrics_path``)."""
-    if epochs < 1:
-        raise ValueError(f"epochs must be at least 1, got {epochs}")
-    return asyncio.run(_run(cfg, settings, epochs))
+@dataclass(frozen=True)
+class SftExample:
+    """One training sequence: ``tokens`` and a 0/1 ``loss_mask`` of the same length (1: trained on).
+
+    The first token is never trained on (nothing predicts it), so its mask must be 0.
+    """
+
+    tokens: list[int]
+    loss_mask: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.loss_mask):
+            raise SftError(f"tokens ({len(self.tokens)}) and loss_mask ({len(self.loss_mask)}) differ in length")
+        if not self.tokens or self.loss_mask[0] != 0:
+            raise SftError("an SFT example needs tokens, and its first token cannot be trained on (mask 0)")
+        if not any(self.loss_mask):
+            raise SftError("an SFT example must train on at least one token (loss_mask has no 1)")
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.loss_mask)
 
 
-async def _run(cfg: LocalStageConfig, settings: MixtureSettings, epochs: int) -> dict[str, Any]:
-    import torch
+@dataclass(frozen=True)
+class SftSettings:
+    """``steps`` optimiser steps of ``batch_size`` examples each (seeded epochs over the examples)."""
 
-    started = time.monotonic()
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model_dir = prepare_model(cfg.model_source, out, cfg.seed)
-    trainer = LoraTrainer.build(
-        model_dir,
-        TrainSettings(lr=cfg.lr, temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size),
-        rank=cfg.lora_rank,
-        alpha=cfg.lora_alpha,
-        dropout=cfg.lora_dropout,
-        target_modules=cfg.lora_target_modules,
-        base_adapter=cfg.base_adapter,
-        seed=cfg.seed,
-    )
-    adapter_dir = trainer.save(cfg.adapter_dir)
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
-    try:
-        async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
-            env = get_environment(cfg.env, bind_engine(cfg.env_config, url, cfg.served_name))
-            try:
-                result = await _stage(cfg, settings, epochs, url, env, trainer, model_dir, adapter_dir)
-            finally:
-                await env.aclose()
-    finally:
-        await close_sessions()
-    result.update(model_dir=str(model_dir), adapter_dir=str(adapter_dir), seconds=round(time.monotonic() - started, 2))
-    write_json_atomic(cfg.metrics_path, result)
-    return result
+    steps: int = 100
+    batch_size: int = 16
+    lr: float = 1e-3
+    micro_batch_size: int = 16
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "micro_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SftError(f"{name} must be a positive integer, got {value!r}")
+        if self.lr <= 0:
+            raise SftError(f"lr must be positive, got {self.lr!r}")
 
 
-async def _stage(cfg, settings, epochs, url, env, trainer, model_dir, adapter_dir) -> dict[str, Any]:
-    client = SGLangClient(url)
-    name = cfg.expert_name
-    await client.load_lora_adapter(name, str(adapter_dir))
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    args = SimpleNamespace(
-        sglang_router_ip=host,
-        sglang_router_port=int(port),
-        hf_checkpoint=str(model_dir),
-        rollout_max_response_len=cfg.max_response_len,
-        aclarena_env_config={cfg.env: bind_engine(cfg.env_config, url, cfg.served_name)},
-        aclarena_experts={cfg.env: name},
-    )
-    limit = asyncio.Semaphore(cfg.max_concurrency)
-    evaluation = demo_records(env, cfg.eval_size, cfg.seed + EVAL_SEED_OFFSET) if cfg.eval_size else []
-    before = await evaluate(args, evaluation, cfg, limit)
-    # The teacher's rollouts: the starting adapter on the env's demo prompts, through the real rollout path.
-    teacher = await rollout_step(args, demo_records(env, cfg.steps * cfg.prompts_per_step, cfg.seed), cfg, 0, limit)
-    kept, report = keep(teacher, cfg.env, settings)
-    steps = []
-    for epoch in range(epochs if kept else 0):
-        stats = await asyncio.to_thread(sft_step, trainer, [to_train_sample(s) for s in kept], cfg.micro_batch_size)
-        steps.append({"epoch": epoch, **stats})
-    trainer.save(adapter_dir)
-    await client.unload_lora_adapter(name)
-    await client.load_lora_adapter(name, str(adapter_dir))
-    after = await evaluate(args, evaluation, cfg, limit)
-    return {
-        "backend": "local",
-        "kind": "sft",
-        "env": cfg.env,
-        "expert": name,
-        "config": cfg.to_dict(),
-        "teacher_rollouts": len(teacher),
-        "kept": len(kept),
-        "filter": report.to_dict().get(cfg.env, {}),
-        "eval_before": before,
-        "eval_after": after,
-        "steps": steps,
-    }
+def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, int]:
+    """Summed NLL of the mask-1 tokens of ``batch`` (right-padded into one forward) and their count."""
+    longest = max(len(e.tokens) for e in batch)
+    ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), longest), dtype=torch.long)
+    mask = torch.zeros((len(batch), longest))
+    for i, e in enumerate(batch):
+        ids[i, : len(e.tokens)] = torch.tensor(e.tokens)
+        attention[i, : len(e.tokens)] = 1
+        mask[i, : len(e.tokens)] = torch.tensor(e.loss_mask, dtype=torch.float32)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    # The logits at position p predict token p + 1.
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    target_mask = mask[:, 1:]
+    return (nll * target_mask).sum(), int(target_mask.sum())
 
 
-def keep(samples: Sequence[Sample], domain: str, settings: MixtureSettings) -> tuple[list[Sample], Any]:
-    """The samples the warm-start filter keeps (the SFT data pipeline's own rules), in order."""
-    episodes = [episode_from_record(_dump(sample), str(i), domain) for i, sample in enumerate(samples)]
-    records, report = build_mixture(episodes, settings)
-    return [samples[int(record["metadata"]["origin"])] for record in records], report
-
-
-def _dump(sample: Sample) -> dict[str, Any]:
-    """The fields of slime's ``Sample.to_dict()`` the filter reads."""
-    return {
-        "metadata": sample.metadata,
-        "reward": sample.reward,
-        "status": sample.status.value,
-        "tokens": list(sample.tokens or []),
-        "loss_mask": list(sample.loss_mask or []),
-        "remove_sample": bool(getattr(sample, "remove_sample", False)),
-    }
-
-
-def sft_step(trainer: LoraTrainer, samples: Sequence[TrainSample], micro_batch_size: int = 8) -> dict[str, float]:
-    """One optimiser step of cross-entropy on the samples' loss-mask tokens (mean over those tokens)."""
-    import torch
-
-    usable = [s for s in samples if s.response_length > 0 and sum(s.loss_mask) > 0]
-    n_tokens = sum(sum(s.loss_mask) for s in usable)
-    if not usable:
-        return {"samples": 0.0, "loss_tokens": 0.0, "loss": 0.0}
-    model = trainer.model
-    model.train()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for start in range(0, len(usable), micro_batch_size):
-        batch = usable[start : start + micro_batch_size]
-        longest = max(len(s.tokens) for s in batch)
-        ids = torch.full((len(batch), longest), trainer.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), longest), dtype=torch.long)
-        for i, s in enumerate(batch):
-            ids[i, : len(s.tokens)] = torch.tensor(s.tokens)
-            attention[i, : len(s.tokens)] = 1
-        logits = model(input_ids=ids, attention_mask=attention).logits
-        loss = logits.new_zeros((), dtype=torch.float32)
-        for i, s in enumerate(batch):
-            first = len(s.tokens) - s.response_length  # logits at p - 1 predict token p
-            # Normalise the response window only: a long prompt times the vocabulary would not fit in memory.
-            window = torch.log_softmax(logits[i, first - 1 : len(s.tokens) - 1].float(), dim=-1)
-            targets = torch.tensor(s.tokens[first:])
-            picked = window.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-            loss = loss - (picked * torch.tensor(s.loss_mask, dtype=picked.dtype)).sum()
-        (loss / n_tokens).backward()
-        total += float(loss.detach())
-    torch.nn.utils.clip_grad_norm_(trainer.params, trainer.settings.max_grad_norm)
-    trainer.optimizer.step()
+def mean_nll(model: Any, examples: Sequence[SftExample], pad_id: int, micro_batch_size: int = 16) -> float:
+    """Per-token NLL of the trained tokens of ``examples`` (no gradient): what SFT lowers."""
+    was_training = model.training
     model.eval()
-    return {"samples": float(len(usable)), "loss_tokens": float(n_tokens), "loss": total / n_tokens}
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(examples), micro_batch_size):
+            loss, n = masked_nll(model, examples[start : start + micro_batch_size], pad_id)
+            total, count = total + float(loss), count + n
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def sft_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: Sequence[SftExample],
+    pad_id: int,
+    micro_batch_size: int = 16,
+    max_grad_norm: float = 1.0,
+) -> dict[str, float]:
+    """One optimiser step on the token-mean NLL of ``batch``; returns the loss, tokens and grad norm."""
+    if not batch:
+        raise SftError("an SFT step needs at least one example")
+    n_tokens = sum(e.trained_tokens for e in batch)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for start in range(0, len(batch), micro_batch_size):
+        loss, _ = masked_nll(model, batch[start : start + micro_batch_size], pad_id)
+        (loss / n_tokens).backward()  # micro-batches add up to the token mean of the whole batch
+        loss_sum += float(loss.detach())
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    model.eval()
+    return {"loss": loss_sum / n_tokens, "tokens": float(n_tokens), "grad_norm": float(grad_norm)}
+
+
+def train_sft(
+    model: Any, examples: Sequence[SftExample], settings: SftSettings, pad_id: int, seed: int = 0
+) -> dict[str, Any]:
+    """``settings.steps`` SFT steps on the parameters of ``model`` that require a gradient.
+
+    Returns the per-token NLL of ``examples`` before and after, the mean loss of the first and last
+    tenth of the steps, and the seconds taken.
+    """
+    if not examples:
+        raise SftError("no SFT examples (did every demo trajectory fail the reward filter?)")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise SftError("the model has no trainable parameters")
+    started = time.monotonic()
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    nll_before = mean_nll(model, examples, pad_id, settings.micro_batch_size)
+    rng = random.Random(seed)
+    order: list[SftExample] = []
+    losses: list[float] = []
+    for _ in range(settings.steps):
+        if len(order) < settings.batch_size:  # a fresh seeded epoch order when the current one runs out
+            order += rng.sample(list(examples), len(examples))
+        batch, order = order[: settings.batch_size], order[settings.batch_size :]
+        stats = sft_step(model, optimizer, batch, pad_id, settings.micro_batch_size, settings.max_grad_norm)
+        losses.append(stats["loss"])
+    tenth = max(1, len(losses) // 10)
+    return {
+        "examples": len(examples),
+        "trained_tokens": sum(e.trained_tokens for e in examples),
+        "steps": settings.steps,
+        "nll_before": nll_before,
+        "nll_after": mean_nll(model, examples, pad_id, settings.micro_batch_size),
+        "loss_first": sum(losses[:tenth]) / tenth,
+        "loss_last": sum(losses[-tenth:]) / tenth,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def warm_start(
+    model_dir: str | Path, examples: Sequence[SftExample], settings: SftSettings, out_dir: str | Path, seed: int = 0
+) -> tuple[Path, dict[str, Any]]:
+    """Full fine-tune of the model in ``model_dir`` on ``examples``; saved (with its tokenizer) to ``out_dir``.
+
+    The result is a Hugging Face model folder, a new backbone for the RL stage's LoRA expert.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    report = train_sft(model, examples, settings, int(pad or 0), seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out.resolve(), report

@@ -5,9 +5,16 @@ go through :func:`aclarena_slime.rollout.generate` and :func:`~aclarena_slime.ro
 exactly as slime calls them, against the embedded engine; after each step the adapter is exported
 and the engine reloads it. Output folder::
 
-    base_model/     the tiny model, when model="tiny" (what the adapter's config points at)
-    adapter/        the expert, a PEFT directory (adapter_config.json + adapter_model.safetensors)
-    metrics.json    settings, per-step training figures, evaluation before and after
+    base_model/        the tiny model, when model="tiny"
+    warm_start_model/  the backbone after the SFT warm start, when there is one
+    adapter/           the expert, a PEFT directory (its config points at the backbone it was trained on)
+    metrics.json       settings, warm-start and per-step training figures, evaluation before and after
+
+With a warm start (``warm_start_steps`` > 0) the stage has the paper's shape: the base model is
+evaluated, fine-tuned in full on the env's gold demo trajectories (:mod:`.demos`, :mod:`.sft`), and
+the LoRA expert is trained by GRPO on the result. ``eval_before`` is then the base model's reward,
+``eval_warm_start`` the reward after SFT, ``eval_after`` the reward after GRPO; all three on the same
+held-out records, which share no prompt with any training record.
 
 In ``env_config``, the strings ``{local_engine}`` and ``{local_model}`` are replaced by the engine's
 base URL and served model name, so an env service can use the engine (e.g. the retail user
@@ -17,10 +24,13 @@ simulator: ``base_url: "{local_engine}/v1"``, ``model: "{local_model}"``).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,9 +40,11 @@ from aclarena_slime.curriculum.replay import local_replay
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
+from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.records import Sample, demo_records, new_sample, read_jsonl, take
+from aclarena_slime.local.sft import SftSettings, warm_start
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
 from aclarena_slime.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient, close_sessions
@@ -64,6 +76,9 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model_dir = prepare_model(cfg.model_source, out, cfg.seed)
+    warm: dict[str, Any] | None = None
+    if cfg.warm_start_steps:
+        model_dir, warm = await warm_start_phase(cfg, model_dir)
     settings = TrainSettings(
         lr=cfg.lr,
         temperature=cfg.temperature,
@@ -93,8 +108,12 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
                 await env.aclose()  # its own clients (a user simulator) reopen if the env is used again
     finally:
         await close_sessions()
+    if warm is not None:
+        result["eval_warm_start"] = result["eval_before"]
+        result["eval_before"] = warm.pop("eval_before")
+        result["warm_start"] = warm
     result["seconds"] = round(time.monotonic() - started, 2)
-    result["engine_generated_tokens"] = engine.generated_tokens
+    result["engine_generated_tokens"] = engine.generated_tokens + (warm or {}).get("engine_generated_tokens", 0)
     write_json_atomic(cfg.metrics_path, result)
     return result
 
@@ -104,25 +123,9 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
     name = cfg.expert_name
     await client.load_lora_adapter(name, str(adapter_dir))
     env_config = bind_engine(cfg.env_config, url, cfg.served_name)
-    train_pool = read_jsonl(cfg.data_path, cfg.env) if cfg.data_path else None
-    rng = random.Random(cfg.seed)
-    n_train = cfg.steps * cfg.prompts_per_step
-    train = take(train_pool, n_train, rng) if train_pool else demo_records(env, n_train, cfg.seed)
-    if cfg.eval_size == 0:
-        evaluation: list[dict[str, Any]] = []
-    elif cfg.eval_data_path:
-        evaluation = read_jsonl(cfg.eval_data_path, cfg.env)[: cfg.eval_size]
-    else:
-        evaluation = demo_records(env, cfg.eval_size, cfg.seed + EVAL_SEED_OFFSET)
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    args = SimpleNamespace(
-        sglang_router_ip=host,
-        sglang_router_port=int(port),
-        hf_checkpoint=str(model_dir),
-        rollout_max_response_len=cfg.max_response_len,
-        aclarena_env_config={cfg.env: env_config},
-        aclarena_experts={cfg.env: name},
-    )
+    split = stage_records(env, cfg)
+    train, evaluation = split.train, split.evaluation
+    args = rollout_args(url, model_dir, cfg, env_config, name)
     train = local_replay(cfg, train, args, url)  # the replay baseline: earlier envs' records join (else as is)
     limit = asyncio.Semaphore(cfg.max_concurrency)
     steps: list[dict[str, Any]] = []
@@ -164,7 +167,142 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
         "eval_after": after,
         "steps": steps,
         **({"monitor": monitor.report(len(steps))} if monitor else {}),
+        "records": split.counts(),
     }
+
+
+@dataclass(frozen=True)
+class StageRecords:
+    """The stage's records: RL prompts, warm-start prompts and held-out evaluation prompts.
+
+    No training record (RL or warm start) shares a prompt with an evaluation record: those found in
+    the training source are dropped and counted in ``overlap_dropped``. Only when that would leave
+    nothing to train on (an env with a handful of prompts) are they kept, with a warning and
+    ``held_out`` False.
+    """
+
+    train: list[dict[str, Any]]
+    warm_start: list[dict[str, Any]]
+    evaluation: list[dict[str, Any]]
+    overlap_dropped: int
+    held_out: bool = True  # False: no training prompt was left once the evaluation prompts were taken out
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "train": len(self.train),
+            "warm_start": len(self.warm_start),
+            "evaluation": len(self.evaluation),
+            "overlap_dropped": self.overlap_dropped,
+            "held_out": self.held_out,
+        }
+
+
+def stage_records(env: Any, cfg: LocalStageConfig) -> StageRecords:
+    """Evaluation records first (``eval_data_path`` or demo records of another seed), then training ones
+    (``data_path`` or the env's demo records) without the evaluation prompts."""
+    if cfg.eval_size == 0:
+        evaluation: list[dict[str, Any]] = []
+    elif cfg.eval_data_path:
+        evaluation = read_jsonl(cfg.eval_data_path, cfg.env)[: cfg.eval_size]
+    else:
+        evaluation = demo_records(env, cfg.eval_size, cfg.seed + EVAL_SEED_OFFSET)
+    held_out = {prompt_key(r) for r in evaluation}
+    n_train = cfg.steps * cfg.prompts_per_step
+    n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
+    if cfg.data_path:
+        source = read_jsonl(cfg.data_path, cfg.env)
+    else:  # enough demo records that dropping the held-out prompts still leaves the ones asked for
+        source = demo_records(env, max(n_train, n_warm) + len(evaluation), cfg.seed)
+    pool = [r for r in source if prompt_key(r) not in held_out]
+    disjoint = bool(pool)
+    if not disjoint:  # an env with a handful of prompts (a test env): train on them, and say so loudly
+        warnings.warn(
+            f"every training prompt of env {cfg.env!r} is also an evaluation prompt: the evaluation is not held out",
+            stacklevel=2,
+        )
+        pool = list(source)
+    rng = random.Random(cfg.seed)
+    train = take(pool, n_train, rng) if cfg.data_path else pool[:n_train]
+    if len(train) < n_train:  # a finite demo set: go through it again
+        train = take(pool, n_train, rng)
+    warm = take(pool, n_warm, random.Random(cfg.seed + 1)) if n_warm else []
+    return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint)
+
+
+def prompt_key(record: dict[str, Any]) -> str:
+    """What makes two records the same question for the held-out split: their prompt."""
+    return json.dumps(record.get("prompt"), sort_keys=True)
+
+
+def rollout_args(
+    url: str, model_dir: Path, cfg: LocalStageConfig, env_config: dict[str, Any], expert: str | None
+) -> Any:
+    """The slime-style ``args`` the rollout functions read (``expert`` None: the backbone, no adapter)."""
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    return SimpleNamespace(
+        sglang_router_ip=host,
+        sglang_router_port=int(port),
+        hf_checkpoint=str(model_dir),
+        rollout_max_response_len=cfg.max_response_len,
+        aclarena_env_config={cfg.env: env_config},
+        aclarena_experts={cfg.env: expert} if expert else {},
+    )
+
+
+async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone."""
+    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
+    async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
+        env_config = bind_engine(cfg.env_config, url, cfg.served_name)
+        env = get_environment(cfg.env, env_config)
+        try:
+            records = stage_records(env, cfg)
+            with _progress(cfg.progress) as progress:
+                task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
+                args = rollout_args(url, model_dir, cfg, env_config, None)
+                before = await evaluate(args, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
+                progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
+                chat = rollout.chat_tokens(str(model_dir))
+                best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
+                examples, replay = await demo_examples(
+                    env,
+                    chat,
+                    records.warm_start,
+                    load_demo_turns(str(cfg.warm_start_demos)),
+                    cfg.max_response_len,
+                    best,
+                    _end_of_turn(engine.model),
+                )
+                progress.advance(task)
+        finally:
+            await env.aclose()
+        await close_sessions()
+    if not examples:
+        raise LocalStageError(
+            f"no gold demo trajectory of {cfg.warm_start_demos} scored at least {best} within "
+            f"max_response_len={cfg.max_response_len} ({replay.as_dict()}); nothing to warm-start on"
+        )
+    settings = SftSettings(
+        steps=cfg.warm_start_steps,
+        batch_size=cfg.warm_start_batch_size,
+        lr=cfg.warm_start_lr,
+        micro_batch_size=cfg.micro_batch_size,
+    )
+    backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
+    return backbone, {
+        "eval_before": before,
+        "demos": replay.as_dict(),
+        "sft": sft,
+        "backbone": str(backbone),
+        "engine_generated_tokens": engine.generated_tokens,
+    }
+
+
+def _end_of_turn(model: MultiLoraModel) -> int:
+    """The token that closes a model turn: the chat template's end-of-turn, else the first eos id."""
+    tokenizer = model.tokenizer
+    token = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+    return int(token if token is not None else min(model.eos_ids))
 
 
 async def rollout_step(

@@ -81,3 +81,14 @@ def main(argv: list[str]) -> int:
     n = write_jsonl_atomic(to_slime(read_records(args.input), args.source or args.input.stem, args.split), args.output)
     print(json.dumps({"written": n, "output": str(args.output)}))
     return 0
+
+
+def demo_turns(record: dict[str, Any]) -> list[str]:
+    """The gold model turn for a record (its answer, boxed): the local backend's SFT warm start replays it.
+
+    Demo records are ``"What is a op b?"``; the turn restates the sum before boxing its value, so the
+    answer is written next to the operands it depends on. Any other record gets the bare boxed label.
+    """
+    label = str(record.get("label", "")).strip()
+    match = re.fullmatch(r"What is (-?\d+ [-+*] -?\d+)\?", str(record.get("prompt", "")).strip())
+    return [f"{match.group(1)} = \\boxed{{{label}}}" if match else f"\\boxed{{{label}}}"]

@@ -146,3 +146,15 @@ def main(argv: list[str]) -> int:
         return 2
     print(json.dumps({"written": n, "output": str(args.output)}))
     return 0
+
+
+def demo_turns(record: dict[str, Any]) -> list[str]:
+    """The gold model turns for a demo record: search with the question, then give the first gold answer.
+
+    The local backend's SFT warm start replays these through the env (the demo corpus answers every
+    demo question, so the search turn brings back the passage that holds the answer).
+    """
+    label = record.get("label")
+    answers = label.get("target") if isinstance(label, dict) else label
+    answer = answers[0] if isinstance(answers, list) else answers
+    return [f"<search> {record['prompt']} </search>", f"<answer> {answer} </answer>"]

@@ -8,7 +8,7 @@ import pytest
 
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import Sample
-from aclarena_slime.local.sft import filter_settings, keep, run_sft_stage, sft_step
+from aclarena_slime.local.sft_stage import filter_settings, keep, run_sft_stage, sft_step
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
 
 

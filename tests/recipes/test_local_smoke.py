@@ -16,7 +16,8 @@ RL_RECIPES = sorted(
     p.stem for p in (REPO / "recipes").glob("*.yaml") if load_recipe(str(p), ["paths.root=/x"]).kind == "rl"
 )
 SMALL = ["cluster.local.steps=2", "cluster.local.prompts_per_step=1", "cluster.local.samples_per_prompt=2",
-         "cluster.local.eval_size=1", "cluster.local.max_response_len=24"]  # fmt: skip
+         "cluster.local.eval_size=1", "cluster.local.max_response_len=24",
+         "cluster.local.warm_start_steps=0"]  # fmt: skip  (the warm start has its tests in tests/local)
 
 
 def test_the_rl_recipes_are_the_stages_the_experts_and_the_oracles():

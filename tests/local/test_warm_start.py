@@ -1,0 +1,241 @@
+"""The SFT warm start of a local stage: gold demos replayed through the env, the SFT step, the held-out split."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from aclarena_envs.ifeval.demo_answers import demo_turns as ifeval_demo_turns
+from aclarena_envs.ifeval.env import IFEvalEnvironment
+from aclarena_envs.math.data import demo_turns as math_demo_turns
+from aclarena_envs.math.env import MathEnvironment
+from aclarena_envs.search.data import demo_turns as search_demo_turns
+from aclarena_envs.search.env import SearchEnvironment
+from aclarena_slime.chat_tokens import ChatTokens
+from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
+from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
+from aclarena_slime.local.stage import prompt_key, stage_records
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return ChatTokens(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def _eot(chat: ChatTokens) -> int:
+    return chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def _replay(env, chat, records, turns_of, min_reward=1.0, budget=512):
+    async def run():
+        try:
+            return await demo_examples(env, chat, records, turns_of, budget, min_reward, _eot(chat))
+        finally:
+            await env.aclose()
+
+    return asyncio.run(run())
+
+
+def test_search_demos_replay_through_the_env_and_train_only_the_model_turns(chat):
+    env = SearchEnvironment({})
+    records = env.demo_records(4, seed=0)
+    examples, report = _replay(env, chat, records, search_demo_turns)
+    assert (report.replayed, report.kept, report.mean_reward) == (4, 4, 1.0)  # the env's own EM says gold
+    for example, record in zip(examples, records, strict=True):
+        trained = [t for t, m in zip(example.tokens, example.loss_mask, strict=True) if m]
+        text = chat.tokenizer.decode(trained, skip_special_tokens=True)
+        # Both model turns are trained on; the prompt and the retrieved passages are not.
+        assert text == "".join(search_demo_turns(record))
+        untrained = chat.tokenizer.decode([t for t, m in zip(example.tokens, example.loss_mask, strict=True) if not m])
+        assert "<information>" in untrained and record["prompt"] in untrained
+
+
+def test_demos_that_the_env_scores_low_are_dropped(chat):
+    env = MathEnvironment({"workers": 1})
+    records = env.demo_records(3, seed=0)
+    examples, report = _replay(env, chat, records, lambda r: [f"\\boxed{{{int(r['label']) + 1}}}"])
+    assert (examples, report.kept, report.below_reward) == ([], 0, 3)
+
+
+def test_a_demo_longer_than_the_budget_is_not_kept(chat):
+    env = MathEnvironment({"workers": 1})
+    examples, report = _replay(env, chat, env.demo_records(2, seed=0), math_demo_turns, budget=3)
+    assert (examples, report.not_completed) == ([], 2)
+
+
+def test_scripted_turns_end_as_the_engine_ends_them(chat):
+    client = ScriptedClient(chat, ["<search> x </search>", "<answer> y </answer>", "plain"], end_of_turn=_eot(chat))
+    params = {"stop": ["</search>"], "max_new_tokens": 100}
+    first = asyncio.run(client.generate([1], params))
+    assert first["output_ids"][-1] != _eot(chat) and first["meta_info"]["finish_reason"]["matched"] == "</search>"
+    second = asyncio.run(client.generate([1], params))  # no stop string matched: the turn closes with <|im_end|>
+    assert second["output_ids"][-1] == _eot(chat)
+    cut = asyncio.run(client.generate([1], {"max_new_tokens": 2}))
+    assert len(cut["output_ids"]) == 2 and cut["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_sft_lowers_the_nll_of_demo_trajectories_full_and_lora(chat, tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    env = MathEnvironment({"workers": 1})
+    examples, _ = _replay(env, chat, env.demo_records(32, seed=0), math_demo_turns)
+    assert len(examples) == 32
+    settings = SftSettings(steps=20, batch_size=8, lr=3e-3)
+    backbone, report = warm_start(tiny_model_dir, examples, settings, tmp_path / "warm", seed=0)
+    assert report["nll_after"] < 0.7 * report["nll_before"]
+    reloaded = AutoModelForCausalLM.from_pretrained(backbone)  # the saved backbone is the trained one
+    assert mean_nll(reloaded, examples, pad_id=0) == pytest.approx(report["nll_after"], rel=1e-4)
+
+    torch.manual_seed(0)  # the same step trains only an adapter when the model is a PEFT model
+    lora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "lm_head"]),
+    )
+    frozen = {n: p.detach().clone() for n, p in lora.named_parameters() if not p.requires_grad}
+    lora_report = train_sft(lora, examples, SftSettings(steps=10, batch_size=8, lr=1e-2), pad_id=0)
+    assert lora_report["nll_after"] < lora_report["nll_before"]
+    assert all(torch.equal(p, frozen[n]) for n, p in lora.named_parameters() if not p.requires_grad)
+
+
+def test_ifeval_demo_answers_follow_most_generated_prompts():
+    env = IFEvalEnvironment({})
+    records = env.demo_records(200, seed=3)
+
+    async def scores():
+        out = []
+        for record in records:
+            from aclarena_slime.contract import Task
+
+            episode = await env.start(Task(record["prompt"], record["label"]))
+            await episode.step(ifeval_demo_turns(record)[0])
+            out.append((await episode.score()).reward)
+        return out
+
+    rewards = asyncio.run(scores())
+    assert sum(rewards) / len(rewards) > 0.85  # the rest (another language, hundreds of words) get no demo
+
+
+def test_sft_data_and_settings_errors():
+    with pytest.raises(SftError, match="first token"):
+        SftExample(tokens=[1, 2], loss_mask=[1, 1])
+    with pytest.raises(SftError, match="at least one token"):
+        SftExample(tokens=[1, 2], loss_mask=[0, 0])
+    with pytest.raises(SftError, match="length"):
+        SftExample(tokens=[1, 2], loss_mask=[0])
+    with pytest.raises(SftError, match="steps"):
+        SftSettings(steps=0)
+    with pytest.raises(DemoError, match="cannot load"):
+        load_demo_turns("aclarena_envs.math.data.no_such_function")
+    with pytest.raises(DemoError, match="dotted path"):
+        load_demo_turns("nodots")
+    assert load_demo_turns("aclarena_envs.math.data:demo_turns") is math_demo_turns
+
+
+def test_warm_start_settings_are_checked(tmp_path):
+    with pytest.raises(LocalConfigError, match="warm_start_demos"):
+        LocalStageConfig(env="math", output_dir=str(tmp_path), warm_start_steps=5)
+    with pytest.raises(LocalConfigError, match="base_adapter"):
+        LocalStageConfig(
+            env="math", output_dir=str(tmp_path), warm_start_steps=5, warm_start_demos="a.b", base_adapter="x"
+        )
+
+
+def test_held_out_prompts_are_never_training_prompts(tmp_path):
+    env = MathEnvironment({"workers": 1})
+    cfg = LocalStageConfig(
+        env="math",
+        output_dir=str(tmp_path),
+        eval_size=64,
+        steps=16,
+        prompts_per_step=8,
+        warm_start_steps=1,
+        warm_start_demos="aclarena_envs.math.data.demo_turns",
+        warm_start_records=512,
+    )
+    split = stage_records(env, cfg)
+    held_out = {prompt_key(r) for r in split.evaluation}
+    assert len(split.evaluation) == 64 and len(split.train) == 128 and len(split.warm_start) == 512
+    assert not held_out & {prompt_key(r) for r in split.train + split.warm_start}
+    assert split.overlap_dropped > 0  # the generator does repeat sums: the split had work to do
+
+    # A data file that holds evaluation prompts loses them too, and says how many.
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in split.evaluation[:5] + split.train[:5]))
+    from_file = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)}))
+    assert from_file.overlap_dropped == 5 and not held_out & {prompt_key(r) for r in from_file.train}
+
+    data.write_text("".join(json.dumps(r) + "\n" for r in split.evaluation[:5]))
+    with pytest.warns(UserWarning, match="not held out"):  # nothing else to train on: kept, and said
+        only_eval = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)}))
+    assert not only_eval.held_out and only_eval.counts()["held_out"] is False
+    asyncio.run(env.aclose())
+
+
+def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
+    """The whole shape, small: base evaluated, SFT on gold demos, GRPO on the new backbone; the last line."""
+    from aclarena_slime.launcher.stage import StageResult, finished_text
+    from aclarena_slime.local.stage import run_stage
+
+    cfg = LocalStageConfig(
+        env="math",
+        output_dir=str(tmp_path / "math"),
+        env_config={"workers": 1},
+        steps=1,
+        prompts_per_step=2,
+        samples_per_prompt=2,
+        max_response_len=16,
+        eval_size=2,
+        torch_threads=1,
+        progress=False,
+        warm_start_steps=3,
+        warm_start_records=8,
+        warm_start_demos="aclarena_envs.math.data.demo_turns",
+    )
+    metrics = run_stage(cfg)
+    warm = metrics["warm_start"]
+    assert warm["demos"]["kept"] == 8 and warm["sft"]["nll_after"] < warm["sft"]["nll_before"]
+    assert metrics["model_dir"] == warm["backbone"] == str(cfg.warm_start_dir.resolve())
+    adapter_config = json.loads((cfg.adapter_dir / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == warm["backbone"]  # the expert sits on the new backbone
+    assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
+    assert metrics["records"] == {"train": 2, "warm_start": 8, "evaluation": 2, "overlap_dropped": 0, "held_out": True}
+    before, after = metrics["eval_before"]["mean_reward"], metrics["eval_after"]["mean_reward"]
+    line = finished_text(StageResult(0, "local", adapter=str(cfg.adapter_dir), metrics=metrics))
+    assert line.endswith(f"eval mean reward {before:.3f} -> {after:.3f}")
+    # A chained stage continuing this expert loads the backbone the expert was trained on.
+    chained = LocalStageConfig(env="math", output_dir=str(tmp_path / "next"), base_adapter=str(cfg.adapter_dir))
+    assert chained.model_source == warm["backbone"]
+
+
+def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
+    from aclarena_slime.launcher.local_stage import local_config
+    from aclarena_slime.recipes.compose import load_recipe
+
+    recipes = __import__("pathlib").Path(__file__).resolve().parents[2] / "recipes"
+    cfg = local_config(load_recipe(recipes / "stage2_search.yaml", [f"paths.root={tmp_path}", "cluster=local"]))
+    assert cfg.warm_start_steps > 0 and cfg.warm_start_demos == "aclarena_envs.search.data.demo_turns"
+    assert cfg.eval_size >= 32 and cfg.max_response_len >= 400  # the per-env budget: a search demo fits
+    from aclarena_slime.recipes.compose import RecipeError
+
+    with pytest.raises(RecipeError, match="neither 'search' nor 'default'"):
+        local_config(
+            load_recipe(
+                recipes / "stage2_search.yaml",
+                ["cluster=local", "~cluster.local.max_response_len.search", "~cluster.local.max_response_len.default"],
+            )
+        )
+    with pytest.warns(UserWarning, match="no warm_start_demos for env 'retail'"):
+        retail = local_config(load_recipe(recipes / "stage3_retail.yaml", [f"paths.root={tmp_path}", "cluster=local"]))
+    assert retail.warm_start_steps == 0
+    with pytest.warns(UserWarning, match="continues base_adapter"):
+        chained = local_config(
+            load_recipe(recipes / "stage1_math.yaml", ["cluster=local", f"++cluster.local.base_adapter={tmp_path}"])
+        )
+    assert chained.warm_start_steps == 0
