@@ -198,7 +198,8 @@ def test_lora_stage_refuses_an_hf_load_with_the_fix(tmp_path: Path, routable):
     with pytest.raises(RecipeError, match=r"Hugging Face folder.*convert_hf_to_torch_dist"):
         compile_recipe(load("mle_math", tmp_path, f"checkpoint.load={hf}"))
     with pytest.raises(RecipeError, match="Hugging Face folder"):  # the HF checkpoint itself, even before it exists
-        compile_recipe(load("mle_math", tmp_path, "checkpoint.load=${model.hf_checkpoint}"))
+        missing = tmp_path / "not-yet-converted"
+        compile_recipe(load("mle_math", tmp_path, f"model.hf_checkpoint={missing}", f"checkpoint.load={missing}"))
     megatron = tmp_path / "torch_dist"
     megatron.mkdir()
     (megatron / "latest_checkpointed_iteration.txt").write_text("release")

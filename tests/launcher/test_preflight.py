@@ -117,8 +117,9 @@ def test_data_goes_through_the_envs_start(tmp_path: Path, routable):
     train = tmp_path / "data" / "math" / "train.jsonl"
     train.parent.mkdir(parents=True)
     train.write_text("".join(json.dumps(r) + "\n" for r in records))
-    (train.parent / "aime26.jsonl").write_text(train.read_text())
     recipe = load("stage1_math", tmp_path)
+    for path in recipe.data.eval_prompt_data.values():  # the stage's eval sets (the authors' AIME years)
+        Path(path).write_text(train.read_text())
     assert set(statuses(preflight.check_data(recipe)).values()) == {"ok"}
     records[0]["metadata"]["env"] = "search"  # a record of another env in this stage's data
     train.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -48,7 +48,9 @@ def test_math_recipe_is_shrunk_to_a_rollout_only_run_and_says_what_it_turned_off
     assert values(argv, "--num-rollout") == [str(smoke.ROLLOUTS)]
     assert values(argv, "--rollout-batch-size") == [str(smoke.PROMPTS)]
     assert values(argv, "--n-samples-per-prompt") == [str(smoke.SAMPLES)]
-    assert values(argv, "--eval-prompt-data") == ["aime26", str(tmp_path / "eval.jsonl")]
+    name, path = values(argv, "--eval-prompt-data")  # one eval set, the recipe's first, on the smoke's records
+    assert name == next(iter(load_recipe(REPO / "recipes/stage1_math.yaml", []).data.eval_prompt_data))
+    assert path == str(tmp_path / "eval.jsonl")
     assert values(argv, "--eval-interval") == ["1"]
     assert values(argv, "--hf-checkpoint") == [str(tmp_path / "model")]
     # Our hooks stay exactly as the recipe sets them: they are what the smoke is for.
