@@ -38,7 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,14 +207,16 @@ def smoke_argv(command: SlimeCommand, *, model_dir: Path, data: tuple[Path, Path
 # --- the pieces it starts ------------------------------------------------------------------------------
 
 
-def service_for_smoke(service: Any, data_root: str, demo: bool, port: int) -> ServiceConfig:
-    """The recipe's service on ``port``; with demo data, options that read ``paths.data`` become ``--demo``."""
+def service_for_smoke(service: Any, roots: Sequence[str], demo: bool, port: int) -> ServiceConfig:
+    """The recipe's service on ``port``; with demo data, options that read under ``roots`` (the recipe's data
+    and model folders: a corpus, an index, its encoder) become one ``--demo``."""
     command = [str(part) for part in service.command]
+    prefixes = tuple(root.rstrip("/") + "/" for root in roots)
     if demo:
         kept: list[str] = []
         replaced = False
         for part in command:
-            if part.startswith(data_root.rstrip("/") + "/") and kept and kept[-1].startswith("--"):
+            if part.startswith(prefixes) and kept and kept[-1].startswith("--"):
                 kept.pop()
                 replaced = True
             else:
@@ -357,6 +359,10 @@ def job_env(recipe_env: dict[str, str]) -> dict[str, str]:
         path.append(str(STANDINS))
     env["PYTHONPATH"] = ":".join(path)
     env["MUSA_PATCH_PATH"] = str(BOOTSTRAP)
+    # The smoke's private head is on loopback whatever the recipe's cluster profile says (paper_2x8 hands a
+    # multi-node job the routable address and lets Ray swap loopback for it): keep every address 127.0.0.1.
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    env["no_proxy"] = env["NO_PROXY"] = "localhost,127.0.0.1"
     return env
 
 
@@ -459,7 +465,9 @@ def run_smoke(settings: SmokeSettings) -> int:
         stack.append(engine_run)
         moved: dict[str, str] = {}
         for name, service in recipe.services.items():
-            smoke_service = service_for_smoke(service, recipe.paths.data, settings.data is None, free_port())
+            smoke_service = service_for_smoke(
+                service, (recipe.paths.data, recipe.paths.models), settings.data is None, free_port()
+            )
             stack.append(start_service(name, smoke_service, work))
             moved[service.url] = smoke_service.url
         custom = rebind_urls(command.custom_config, moved)

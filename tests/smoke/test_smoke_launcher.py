@@ -69,11 +69,14 @@ def test_without_eval_data_the_eval_flags_go(tmp_path):
 def test_a_service_reading_the_data_folder_gets_demo_data_and_a_free_port():
     recipe = load_recipe(REPO / "recipes/stage2_search.yaml")
     service = recipe.services["retriever"]
-    demo = smoke.service_for_smoke(service, recipe.paths.data, demo=True, port=4321)
+    roots = (recipe.paths.data, recipe.paths.models)
+    demo = smoke.service_for_smoke(service, roots, demo=True, port=4321)
     assert "--corpus" not in demo.command and demo.command[-1] == "--demo"
-    assert not any(part.startswith(recipe.paths.data) for part in demo.command)
+    # the paper's E5 retriever reads an encoder and an index too: the demo retriever needs neither
+    assert "--e5-model" not in demo.command and "--dense-index" not in demo.command
+    assert not any(part.startswith(roots) for part in demo.command)
     assert demo.url == "http://127.0.0.1:4321" and "{port}" in demo.command
-    kept = smoke.service_for_smoke(service, recipe.paths.data, demo=False, port=4321)
+    kept = smoke.service_for_smoke(service, roots, demo=False, port=4321)
     assert "--corpus" in kept.command and "--demo" not in kept.command
     config = compile_recipe(recipe).custom_config
     moved = smoke.rebind_urls(config, {service.url: demo.url})
@@ -162,3 +165,14 @@ def test_the_report_groups_by_env_and_fails_on_a_violation():
     assert "eval: no samples dumped" in text and text.endswith("smoke: FAILED")
     assert "everything started was stopped" in text
     assert "STILL RUNNING after stop: [123]" in report_text({**report, "still_running_after_stop": [123]})
+
+
+def test_the_job_stays_on_the_loopback_head_whatever_the_cluster_profile_says():
+    """paper_2x8's runtime env names the routable head and lets Ray swap loopback for it; the smoke's head is
+    on 127.0.0.1, so the job's driver must keep that address (it timed out on 192.0.2.x before this)."""
+    recipe_env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "no_proxy": "localhost,127.0.0.1,192.0.2.2",
+                  "NO_PROXY": "localhost,127.0.0.1,192.0.2.2", "PYTHONPATH": str(REPO)}  # fmt: skip
+    env = smoke.job_env(recipe_env)
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert env["no_proxy"] == env["NO_PROXY"] == "localhost,127.0.0.1"
+    assert env["MUSA_PATCH_PATH"] and str(REPO) in env["PYTHONPATH"].split(":")
