@@ -12,10 +12,8 @@ folder has the RL stage's layout (``adapter/``, ``metrics.json``), so the next s
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,8 +30,9 @@ from aclarena_slime.local.stage import (
     EVAL_SEED_OFFSET,
     bind_engine,
     evaluate,
-    prepare_model,
+    lora_trainer,
     rollout_step,
+    stage_model,
     to_train_sample,
 )
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
@@ -66,26 +65,10 @@ def run_sft_stage(cfg: LocalStageConfig, settings: MixtureSettings, epochs: int 
 
 
 async def _run(cfg: LocalStageConfig, settings: MixtureSettings, epochs: int) -> dict[str, Any]:
-    import torch
-
     started = time.monotonic()
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model_dir = prepare_model(cfg.model_source, out, cfg.seed)
-    trainer = LoraTrainer.build(
-        model_dir,
-        TrainSettings(lr=cfg.lr, temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size),
-        rank=cfg.lora_rank,
-        alpha=cfg.lora_alpha,
-        dropout=cfg.lora_dropout,
-        target_modules=cfg.lora_target_modules,
-        base_adapter=cfg.base_adapter,
-        seed=cfg.seed,
-    )
+    model_dir = stage_model(cfg)
+    train_settings = TrainSettings(lr=cfg.lr, temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size)
+    trainer = lora_trainer(cfg, model_dir, train_settings)
     adapter_dir = trainer.save(cfg.adapter_dir)
     engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
     try:

@@ -66,16 +66,8 @@ def run_stage(cfg: LocalStageConfig) -> dict[str, Any]:
 
 
 async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
-    import torch
-
     started = time.monotonic()
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model_dir = prepare_model(cfg.model_source, out, cfg.seed)
+    model_dir = stage_model(cfg)
     warm: dict[str, Any] | None = None
     if cfg.warm_start_steps:
         model_dir, warm = await warm_start_phase(cfg, model_dir)
@@ -87,16 +79,7 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
         updates_per_step=cfg.updates_per_step,
         micro_batch_size=cfg.micro_batch_size,
     )
-    trainer = LoraTrainer.build(
-        model_dir,
-        settings,
-        rank=cfg.lora_rank,
-        alpha=cfg.lora_alpha,
-        dropout=cfg.lora_dropout,
-        target_modules=cfg.lora_target_modules,
-        base_adapter=cfg.base_adapter,
-        seed=cfg.seed,
-    )
+    trainer = lora_trainer(cfg, model_dir, settings)
     adapter_dir = trainer.save(cfg.adapter_dir)
     engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
     try:
@@ -116,6 +99,33 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     result["engine_generated_tokens"] = engine.generated_tokens + (warm or {}).get("engine_generated_tokens", 0)
     write_json_atomic(cfg.metrics_path, result)
     return result
+
+
+def stage_model(cfg: LocalStageConfig) -> Path:
+    """What every local stage does first: its output folder, torch threads, seeds, and its model folder."""
+    import torch
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    return prepare_model(cfg.model_source, out, cfg.seed)
+
+
+def lora_trainer(cfg: LocalStageConfig, model_dir: Path, settings: TrainSettings) -> LoraTrainer:
+    """The stage's LoRA expert on ``model_dir`` (continuing ``cfg.base_adapter`` when set), with its optimiser."""
+    return LoraTrainer.build(
+        model_dir,
+        settings,
+        rank=cfg.lora_rank,
+        alpha=cfg.lora_alpha,
+        dropout=cfg.lora_dropout,
+        target_modules=cfg.lora_target_modules,
+        base_adapter=cfg.base_adapter,
+        seed=cfg.seed,
+    )
 
 
 async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict[str, Any]:
