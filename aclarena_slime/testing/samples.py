@@ -60,3 +60,13 @@ def check_invariants(sample: Any) -> None:
     assert len(sample.rollout_log_probs) == n, f"{len(sample.rollout_log_probs)} log-probs for {n} response tokens"
     assert n <= len(sample.tokens), "response longer than the token list"
     assert all(m in (0, 1) for m in sample.loss_mask)
+
+
+def mask_runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """The loss mask as ``(value, start, end)`` runs: which spans of a response are trained on."""
+    runs, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], start, i))
+            start = i
+    return runs

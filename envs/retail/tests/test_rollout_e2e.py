@@ -10,7 +10,7 @@ from aclarena_slime import registry
 from aclarena_slime.http_service import serving
 from aclarena_slime.rollout import generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang, fake_logprob
-from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
+from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args, mask_runs
 
 S = FakeSample.Status
 
@@ -31,15 +31,6 @@ def _sample():
         prompt="tau3-retail task t0", label="t0", metadata={"env": "retail", "task_id": "t0", "split": "train"}
     )
 
-
-def _spans(mask: list[int]) -> list[tuple[int, int, int]]:
-    """(value, start, end) runs of the loss mask."""
-    runs, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            runs.append((mask[start], start, i))
-            start = i
-    return runs
 
 
 async def test_retail_episode_masks_tools_and_customer_and_scores(tiny_checkpoint, tiny_tokenizer, tiny_data):
@@ -77,7 +68,7 @@ async def test_retail_episode_masks_tools_and_customer_and_scores(tiny_checkpoin
 
     # model turns: mask 1 with the engine's log-probs; tool answers and customer turns: mask 0
     response = out.tokens[prompt_len:]
-    runs = _spans(out.loss_mask)
+    runs = mask_runs(out.loss_mask)
     assert [v for v, _, _ in runs] == [1, 0, 1, 0, 1, 0, 1]
     masked = [tiny_tokenizer.decode(response[a:b]) for v, a, b in runs if v == 0]
     assert "<tool_response>" in masked[0] and "ann_lee_1" in masked[0]

@@ -7,21 +7,12 @@ from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.rollout import generate as rollout_generate
 from aclarena_slime.rollout import reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
-from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
+from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args, mask_runs
 
 DEMO = generate(60, seed=5)
 QUESTION = DEMO.questions[0]
 PARAMS = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 512}
 
-
-def _segments(mask: list[int]) -> list[tuple[int, int, int]]:
-    """(value, start, end) runs of the loss mask."""
-    runs, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            runs.append((mask[start], start, i))
-            start = i
-    return runs
 
 
 async def test_search_then_answer_masks_the_information_and_scores_one(tmp_path, tiny_checkpoint, tiny_tokenizer):
@@ -45,7 +36,7 @@ async def test_search_then_answer_masks_the_information_and_scores_one(tmp_path,
         assert engine.requests[0]["sampling_params"]["stop"][-2:] == ["</search>", "</answer>"]
 
     response_ids = out.tokens[len(out.tokens) - out.response_length :]
-    runs = _segments(out.loss_mask)
+    runs = mask_runs(out.loss_mask)
     assert [value for value, _, _ in runs] == [1, 0, 1], "model turn, observation, model turn"
     (_, a, b), (_, c, d), (_, e, f) = runs
     model_1, observation, model_2 = (tiny_tokenizer.decode(response_ids[s:t]) for s, t in ((a, b), (c, d), (e, f)))

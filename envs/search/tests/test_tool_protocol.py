@@ -14,7 +14,7 @@ from aclarena_slime.contract import Done, Observation, Task
 from aclarena_slime.rollout import generate as rollout_generate
 from aclarena_slime.rollout import reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
-from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
+from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args, mask_runs
 
 DEMO = generate(60, seed=5)
 QUESTION = DEMO.questions[0]
@@ -137,14 +137,6 @@ async def test_episode_scores_as_the_authors(tmp_path):
     await env.aclose()
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
-    runs, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            runs.append((mask[start], start, i))
-            start = i
-    return runs
-
 
 async def test_rollout_renders_results_as_tool_messages(tmp_path, tiny_checkpoint, tiny_tokenizer):
     """Through slime's generate: the tool message is rendered by the chat template, with loss mask 0."""
@@ -168,8 +160,8 @@ async def test_rollout_renders_results_as_tool_messages(tmp_path, tiny_checkpoin
         assert '"name": "search"' in prompt and "<tools>" in prompt  # the schema, through the template
 
     response_ids = out.tokens[len(out.tokens) - out.response_length :]
-    assert [value for value, _, _ in _runs(out.loss_mask)] == [1, 0, 1]
-    (_, a, b), (_, c, d), _ = _runs(out.loss_mask)
+    assert [value for value, _, _ in mask_runs(out.loss_mask)] == [1, 0, 1]
+    (_, a, b), (_, c, d), _ = mask_runs(out.loss_mask)
     observation = tiny_tokenizer.decode(response_ids[c:d])
     [tool_message] = [m for m in out.metadata["aclarena"]["messages"] if m["role"] == "tool"]
     assert observation == ChatTokens(tiny_tokenizer).observation_text([tool_message], response_ids[b - 1])
