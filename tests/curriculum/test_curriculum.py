@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from aclarena_slime.curriculum.manifest import DONE, MANIFEST_NAME
 from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum
@@ -237,7 +238,8 @@ def test_local_smoke_curriculum_runs_for_real_and_resumes(tmp_path: Path):
         pytest.skip(f"τ³-Retail data not found at {tau3}")
     path = RECIPES / "curriculum" / "local_smoke.yaml"
     out = tmp_path / "smoke"
-    settings = [f"output_dir={out}", f"overrides=[cluster=local,++env_config.retail.data_dir={tau3}]"]
+    smoke = yaml.safe_load(path.read_text())["overrides"]  # the curriculum's own (small batches), plus the data
+    settings = [f"output_dir={out}", f"overrides=[{','.join([*smoke, f'++env_config.retail.data_dir={tau3}'])}]"]
     run_curriculum(path, settings)
     data = json.loads((out / MANIFEST_NAME).read_text())
     stages = data["stages"]
