@@ -24,7 +24,7 @@ from aclarena_slime.recipes.compiler import SlimeCommand, is_megatron_checkpoint
 from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS
 from aclarena_slime.recipes.schema import StageRecipe
 
-# What slime's image at slime 624b824 pins (docker/Dockerfile; /work/shared/notes/slime.md): name ->
+# What slime's image at slime 624b824 pins (docker/Dockerfile; the shared notes on slime): name ->
 # (distribution, import name, supported version prefix, how to get it).
 SUPPORTED = {
     "slime": ("slime", "slime.rollout", None, "install THUDM/slime from its repository (pip install -e . --no-deps)"),
