@@ -51,10 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     from aclarena_slime.cli.plugin_commands import PluginCommandError
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = _chosen_command(argv)
     try:
-        parser = build_parser(_chosen_command(argv))
+        parser = build_parser(chosen)
     except PluginCommandError as exc:
         print(f"aclarena: {exc}", file=sys.stderr)
+        return 2
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if chosen is not None and chosen not in commands:
+        print(
+            f"aclarena: no command {chosen!r} (commands: {', '.join(commands)}). A plugin's command appears once "
+            "its package is installed; after adding one to a pyproject, reinstall it (in a checkout: pip install -e .)",
+            file=sys.stderr,
+        )
         return 2
     args = parser.parse_args(argv)
     try:

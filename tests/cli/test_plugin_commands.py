@@ -79,6 +79,12 @@ def test_a_built_in_command_keeps_its_name_and_the_clash_is_reported(run_cli, tm
     assert "ignoring plugin command 'score'" in run.stderr and "greeter_cli" not in run.modules
 
 
+def test_an_unknown_command_lists_the_commands_and_says_a_plugin_needs_installing(run_cli):
+    run = run_cli(["frobnicate", "--x"])
+    assert run.rc == 2
+    assert "'frobnicate'" in run.stderr and "score" in run.stderr and "reinstall" in run.stderr
+
+
 @pytest.mark.parametrize("command", sorted(plugin_entry_points()))
 def test_every_installed_plugin_command_loads_and_registers_its_name(command):
     """The in-repo plugins' lines in pyproject.toml point at real register() functions."""
