@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from aiohttp import web
+if TYPE_CHECKING:  # aiohttp is imported by the functions that serve: the CLI reads LOOPBACK without it
+    from aiohttp import web
 
 LOOPBACK = "127.0.0.1"
 
@@ -20,6 +22,8 @@ async def serving(app: web.Application, host: str = LOOPBACK, port: int = 0) -> 
 
     ``port=0`` picks a free port, bound before the URL is handed out (no race with other tests).
     """
+    from aiohttp import web
+
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
@@ -36,4 +40,6 @@ async def serving(app: web.Application, host: str = LOOPBACK, port: int = 0) -> 
 
 def run_forever(app: web.Application, host: str = LOOPBACK, port: int = 8000) -> None:
     """Blocking entry point for the CLI's ``serve-*`` commands (Ctrl-C stops it)."""
+    from aiohttp import web
+
     web.run_app(app, host=host, port=port, access_log=None, print=None)

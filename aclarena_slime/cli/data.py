@@ -6,7 +6,6 @@ import argparse
 import importlib
 
 from aclarena_slime.cli import CommandError
-from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, load_factory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, load_factory
+
     try:
         factory = load_factory(args.env)
     except (UnknownEnvironment, PluginLoadError) as exc:

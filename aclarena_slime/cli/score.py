@@ -9,8 +9,6 @@ import sys
 from typing import Any
 
 from aclarena_slime.cli import CommandError
-from aclarena_slime.contract import Done, Task
-from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, get_environment
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="score a model response (stdin) with an environment",
         description="Read a model response on stdin, run it through ENV as the model's turn, print the score as JSON.",
     )
-    parser.add_argument("env", metavar="ENV", help="environment tag (math, search, retail, ifeval, ...)")
+    parser.add_argument("env", metavar="ENV", help="an installed env plugin's tag (a wrong one lists the known tags)")
     parser.add_argument("--label", required=True, help="the record's label, as JSON (e.g. '\"73\"')")
     parser.add_argument("--metadata", default="{}", help="the record's metadata, as a JSON object")
     parser.add_argument("--prompt", default="", help="the record's prompt (some envs need it)")
@@ -36,6 +34,9 @@ def _json_arg(name: str, text: str) -> Any:
 
 
 async def score_response(tag: str, response: str, label: Any, metadata: dict, prompt: str, config: dict) -> dict:
+    from aclarena_slime.contract import Done, Task
+    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, get_environment
+
     try:
         env = get_environment(tag, config)
     except (UnknownEnvironment, PluginLoadError) as exc:

@@ -8,18 +8,19 @@ import contextlib
 import os
 import signal
 import sys
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from aclarena_slime.cli import CommandError
-from aclarena_slime.experts import ExpertError, ExpertTable
-from aclarena_slime.http_service import LOOPBACK, serving
-from aclarena_slime.router.classifier import TagClassifier
-from aclarena_slime.router.gateway import build_app
-from aclarena_slime.router.pool import EnginePool
-from aclarena_slime.router.routing import TAG_HEADER, ExpertResolver
-from aclarena_slime.router.tag_prompts import labelled_prompts
+from aclarena_slime.http_service import LOOPBACK
 
+if TYPE_CHECKING:  # the router (aiohttp, numpy) is imported when the command runs, not for `aclarena --help`
+    from aiohttp import web
+
+    from aclarena_slime.router.classifier import TagClassifier
+
+# The value of aclarena_slime.router.routing.TAG_HEADER, written out so that --help does not import the
+# router; tests/cli/test_startup.py checks that the two agree.
+TAG_HEADER = "X-Aclarena-Env"
 API_KEY_ENV = "ACLARENA_ROUTER_API_KEY"
 
 
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="FILE|builtin",
         help="pick the expert of untagged requests from the prompt: a saved classifier, or 'builtin' "
-        "(trained at start on generated prompts of math/search/retail/ifeval)",
+        "(trained at start on generated prompts of the installed envs)",
     )
     parser.add_argument("--min-confidence", type=float, default=0.5, help="classifier probability needed to use it")
     parser.add_argument("--health-interval", type=float, default=5.0, help="seconds between engine health checks")
@@ -52,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_classifier(spec: str | None) -> TagClassifier | None:
+    from aclarena_slime.router.classifier import TagClassifier
+    from aclarena_slime.router.tag_prompts import labelled_prompts
+
     if spec is None:
         return None
     if spec == "builtin":
@@ -64,6 +68,11 @@ def load_classifier(spec: str | None) -> TagClassifier | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aclarena_slime.experts import ExpertError, ExpertTable
+    from aclarena_slime.router.gateway import build_app
+    from aclarena_slime.router.pool import EnginePool
+    from aclarena_slime.router.routing import ExpertResolver
+
     try:
         table = ExpertTable.load(args.experts)
     except ExpertError as exc:
@@ -84,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(app: web.Application, host: str, port: int) -> None:
+    from aclarena_slime.http_service import serving
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,22 +1,35 @@
 """Frozen-backbone LoRA for slime's Megatron actor: adapters, PEFT export, adapter-only sync to SGLang.
 
 Slime hooks (dotted paths for slime's command line) live in :mod:`aclarena_slime.lora.provider`.
+The names below are imported on first use, so reading :mod:`aclarena_slime.lora.config` (plain
+settings) does not load torch and aiohttp — the CLI's start-up time depends on it.
 """
 
-from .config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
-from .export import export_peft
-from .layers import adapters_disabled, inject_lora, set_adapters_enabled
-from .sync import AdapterSyncError, SyncResult, sync_adapter
+from __future__ import annotations
 
-__all__ = [
-    "ADAPTER_PARAM_PATTERN",
-    "AdapterSyncError",
-    "LoraConfig",
-    "LoraConfigError",
-    "adapters_disabled",
-    "export_peft",
-    "inject_lora",
-    "set_adapters_enabled",
-    "sync_adapter",
-    "SyncResult",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ADAPTER_PARAM_PATTERN": "config",
+    "LoraConfig": "config",
+    "LoraConfigError": "config",
+    "export_peft": "export",
+    "adapters_disabled": "layers",
+    "inject_lora": "layers",
+    "set_adapters_enabled": "layers",
+    "AdapterSyncError": "sync",
+    "SyncResult": "sync",
+    "sync_adapter": "sync",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -12,15 +12,16 @@ import time
 from typing import TYPE_CHECKING
 
 from aclarena_slime.cli import CommandError
-from aclarena_slime.http_service import LOOPBACK, serving
+from aclarena_slime.http_service import LOOPBACK
 
-if TYPE_CHECKING:  # the plugin is imported when the command runs, so a broken plugin never breaks `aclarena`
+if TYPE_CHECKING:  # imported when the command runs: `serve-retriever --help` needs neither aiohttp nor numpy
     from aiohttp import web
 
     from aclarena_envs.search.retriever import Retriever
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """The plugin's ``serve-retriever`` command; pyproject.toml registers it in the entry-point group ``aclarena_slime.cli``."""
     parser = subparsers.add_parser(
         "serve-retriever",
         help="serve a corpus over Search-R1's retrieval API (POST /retrieve)",
@@ -44,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aclarena_envs.search.env import SearchConfig, build_retriever
-    from aclarena_envs.search.server import make_app
+    from .env import SearchConfig, build_retriever
+    from .server import make_app
 
     if args.topk < 1:
         raise CommandError(f"--topk must be at least 1, got {args.topk}")
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(app: web.Application, retriever: Retriever, args: argparse.Namespace, ready_s: float) -> None:
+    from aclarena_slime.http_service import serving
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

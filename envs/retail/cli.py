@@ -15,6 +15,7 @@ from aclarena_slime.cli import CommandError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """The plugin's ``retail`` command; pyproject.toml registers it in the entry-point group ``aclarena_slime.cli``."""
     parser = subparsers.add_parser("retail", help="τ³-Retail tools: replay the gold actions", description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     replay = actions.add_parser(
