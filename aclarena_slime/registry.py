@@ -62,6 +62,14 @@ def load_factory(tag: str) -> EnvironmentFactory:
     return factory
 
 
+def environment_class(tag: str) -> type[Environment]:
+    """The :class:`Environment` subclass registered under ``tag`` (for what an env says without being built)."""
+    factory = load_factory(tag)
+    if not (isinstance(factory, type) and issubclass(factory, Environment)):
+        raise TypeError(f"plugin {tag!r} is registered as {factory!r}, not an aclarena_slime.contract.Environment class")
+    return factory
+
+
 def get_environment(tag: str, config: Mapping[str, Any] | None = None) -> Environment:
     """The process-wide environment for ``tag`` and ``config``, built once and then shared."""
     key = (tag, json.dumps(config or {}, sort_keys=True, default=str))
