@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from aclarena_slime.contract import Environment
@@ -41,6 +41,11 @@ def register(tag: str, factory: EnvironmentFactory) -> None:
 
 def _entry_points() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def entry_point(tag: str) -> EntryPoint | None:
+    """The installed entry point of ``tag`` (read from the installed packages' metadata), or None."""
+    return _entry_points().get(tag)
 
 
 def available_tags() -> list[str]:
