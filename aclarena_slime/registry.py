@@ -60,11 +60,20 @@ def load_factory(tag: str) -> EnvironmentFactory:
         raise UnknownEnvironment(
             f"no environment registered under tag {tag!r}; known tags: {', '.join(available_tags())}"
         )
+    claims = {ep.value: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == tag}
+    if len(claims) > 1:  # two installed packages claim the tag: which one loads would be an accident
+        owners = ", ".join(f"{value} ({_owner(ep)})" for value, ep in sorted(claims.items()))
+        raise PluginLoadError(f"environment tag {tag!r} is registered by several installed packages: {owners}")
     try:
         factory = eps[tag].load()
     except Exception as exc:  # the plugin's own import error, re-raised with its name on it
         raise PluginLoadError(f"environment plugin {tag!r} ({eps[tag].value}) failed to load: {exc!r}") from exc
     return factory
+
+
+def _owner(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"package {dist.metadata['Name']}" if dist is not None else "unknown package"
 
 
 def environment_class(tag: str) -> type[Environment]:

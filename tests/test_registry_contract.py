@@ -189,3 +189,15 @@ async def test_the_kit_names_a_stale_egg_info_that_hides_the_reinstalled_entry_p
 
     with pytest.raises(ConformanceError, match=rf"several copies of aclarena-slime's metadata.*{stale}.*delete the stale"):
         await check_environment(TemplateEnvironment(), [Task("Say red.", "red")])
+
+
+def test_a_tag_claimed_by_two_installed_packages_is_an_error(tmp_path, monkeypatch):
+    """Before, whichever entry point came last won, silently."""
+    other = tmp_path / "other_env-0.1.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: other-env\nVersion: 0.1\n")
+    (other / "entry_points.txt").write_text("[aclarena_slime.envs]\nmock = other_env.env:OtherMock\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(registry.PluginLoadError, match=r"'mock' is registered by several installed packages: "
+                       r"aclarena_envs.mock.env:MockEnvironment \(package aclarena-slime\), other_env.env:OtherMock \(package other-env\)"):
+        registry.load_factory("mock")
