@@ -8,7 +8,8 @@ In a plugin's tests::
         await check_environment(MyEnvironment({}), [Task(prompt="...", label="...", metadata={"env": "mine"})])
 
 It raises :class:`ConformanceError` listing every broken invariant of :mod:`aclarena_slime.contract`,
-including robustness: hostile model turns (empty, huge, binary junk, unclosed tags, fake tool calls)
+that the env's tag resolves to its class through the installed entry points (a line added to
+``pyproject.toml`` without reinstalling is caught here, with the fix), and robustness: hostile model turns (empty, huge, binary junk, unclosed tags, fake tool calls)
 must come back as an observation or ``Done``, never as an exception.
 
 :func:`check_hostile_outputs` goes further, the same way (``await check_hostile_outputs(env, tasks)``):
@@ -28,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from aclarena_slime import hostile
+from aclarena_slime import hostile, registry
 from aclarena_slime.contract import CONTRACT_VERSION, Conversation, Done, Environment, Episode, Observation, Task
 
 HOSTILE_TURNS = [
@@ -83,9 +84,62 @@ async def _score_ok(env: Environment, episode: Episode, where: str, problems: li
         problems.append(f"{where}: score breakdown is not JSON-serialisable ({exc})")
 
 
-async def check_environment(env: Environment, tasks: Sequence[Task], turns: Sequence[str] = ()) -> None:
-    """Run every invariant on ``tasks``; ``turns`` are extra model turns the plugin wants tried."""
-    problems: list[str] = []
+def entry_point_problems(env_class: type[Environment]) -> list[str]:
+    """Why ``env_class``'s tag does not resolve to it through the installed entry points (empty: it does).
+
+    Entry points are read from the installed packages' metadata, not from ``pyproject.toml``: a line
+    added there counts only once the package is reinstalled, which is what these messages say.
+    """
+    tag = getattr(env_class, "tag", None)
+    target = f"{env_class.__module__}:{env_class.__qualname__}"
+    reinstall = "then reinstall your package (pip install -e .): entry points are read from the installed metadata"
+    found = registry.entry_point(tag) if isinstance(tag, str) else None
+    if found is None:
+        return [
+            f"tag {tag!r} is not registered in the entry-point group {registry.ENTRY_POINT_GROUP!r} of the installed "
+            f'packages: add `{tag} = "{target}"` under [project.entry-points."{registry.ENTRY_POINT_GROUP}"] in '
+            f"your pyproject.toml, {reinstall}{_shadowed(env_class.__module__)}"
+        ]
+    try:
+        loaded = found.load()
+    except Exception as exc:  # noqa: BLE001 - the plugin's own import error, reported
+        return [f"tag {tag!r}: its entry point {found.value!r} fails to load ({exc!r})"]
+    if loaded is not env_class:
+        return [
+            f"tag {tag!r} resolves through its installed entry point to {found.value!r}, not {target!r}: "
+            f"fix the line in your pyproject.toml, {reinstall}"
+        ]
+    return []
+
+
+def _shadowed(module: str) -> str:
+    """A hint when an older copy of the metadata of ``module``'s distribution hides the installed one.
+
+    Python reads the entry points of the first copy on ``sys.path``: a stale ``<name>.egg-info`` in the
+    folder tests run from wins over what a reinstall wrote into site-packages.
+    """
+    from importlib.metadata import distributions, packages_distributions
+
+    hints = []
+    for name in packages_distributions().get(module.split(".")[0], []):
+        copies = [str(getattr(dist, "_path", "?")) for dist in distributions(name=name)]
+        if len(copies) > 1:
+            hints.append(
+                f"; several copies of {name}'s metadata are visible and the first wins: {', '.join(copies)} "
+                "(delete the stale one, e.g. an old .egg-info folder in your source tree)"
+            )
+    return "".join(hints)
+
+
+async def check_environment(
+    env: Environment, tasks: Sequence[Task], turns: Sequence[str] = (), *, entry_point: bool = True
+) -> None:
+    """Run every invariant on ``tasks``; ``turns`` are extra model turns the plugin wants tried.
+
+    With ``entry_point`` (the default) the env's tag must also resolve to its class through the
+    installed entry points; ``entry_point=False`` is for envs defined inside a test.
+    """
+    problems: list[str] = entry_point_problems(type(env)) if entry_point else []
     if not isinstance(getattr(type(env), "tag", None), str) or not type(env).tag:
         problems.append("Environment.tag must be a non-empty string")
     if type(env).version != CONTRACT_VERSION:

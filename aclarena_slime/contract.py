@@ -38,6 +38,10 @@ Invariants the conformance kit (:mod:`aclarena_slime.conformance`) checks:
   it never raises for anything the model wrote — bad model output is an observation or a low score;
 - ``score`` is within ``reward_range`` and its breakdown is JSON-serialisable;
 - the loop calls ``step`` at most ``max_turns`` times; after that it scores what it has.
+
+Optional: ``demo_records`` (generated data for smoke runs and the local backend) and
+``routing_prompts`` (prompts the router's tag classifier learns the env from; by default the demo
+records' prompts).
 """
 
 from __future__ import annotations
@@ -156,5 +160,29 @@ class Environment(ABC):
         """
         raise NotImplementedError(f"environment {self.tag!r} generates no demo records; name a dataset instead")
 
+    @classmethod
+    def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:
+        """``n`` prompt texts in the style of this env's requests, to train the router's tag classifier.
+
+        A class method: the router knows the installed envs, not their configuration. The default builds
+        the env with its default configuration and takes the prompts of :meth:`demo_records`; override it
+        when that needs configuration, or to add the phrasings real clients use. The same ``seed`` gives
+        the same prompts (a held-out set asks with another seed).
+        """
+        try:
+            records = cls().demo_records(n, seed)
+        except (NotImplementedError, ValueError) as exc:
+            raise NotImplementedError(
+                f"environment {cls.tag!r} has no routing prompts ({exc}); override Environment.routing_prompts"
+            ) from exc
+        return [prompt_text(record.get("prompt")) for record in records]
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release shared resources (worker pools, files)."""
+
+
+def prompt_text(prompt: str | list[Message] | None) -> str:
+    """The words of a record's prompt: the string itself, or the contents of its chat messages."""
+    if isinstance(prompt, list):
+        return "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, Mapping))
+    return str(prompt or "")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from aclarena_slime.contract import Environment
@@ -43,6 +43,11 @@ def _entry_points() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def entry_point(tag: str) -> EntryPoint | None:
+    """The installed entry point of ``tag`` (read from the installed packages' metadata), or None."""
+    return _entry_points().get(tag)
+
+
 def available_tags() -> list[str]:
     return sorted(set(_entry_points()) | set(_registered))
 
@@ -55,10 +60,27 @@ def load_factory(tag: str) -> EnvironmentFactory:
         raise UnknownEnvironment(
             f"no environment registered under tag {tag!r}; known tags: {', '.join(available_tags())}"
         )
+    claims = {ep.value: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == tag}
+    if len(claims) > 1:  # two installed packages claim the tag: which one loads would be an accident
+        owners = ", ".join(f"{value} ({_owner(ep)})" for value, ep in sorted(claims.items()))
+        raise PluginLoadError(f"environment tag {tag!r} is registered by several installed packages: {owners}")
     try:
         factory = eps[tag].load()
     except Exception as exc:  # the plugin's own import error, re-raised with its name on it
         raise PluginLoadError(f"environment plugin {tag!r} ({eps[tag].value}) failed to load: {exc!r}") from exc
+    return factory
+
+
+def _owner(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"package {dist.metadata['Name']}" if dist is not None else "unknown package"
+
+
+def environment_class(tag: str) -> type[Environment]:
+    """The :class:`Environment` subclass registered under ``tag`` (for what an env says without being built)."""
+    factory = load_factory(tag)
+    if not (isinstance(factory, type) and issubclass(factory, Environment)):
+        raise TypeError(f"plugin {tag!r} is registered as {factory!r}, not an aclarena_slime.contract.Environment class")
     return factory
 
 

@@ -194,8 +194,8 @@ def classifier_accuracy() -> tuple[dict[str, tuple[float, float]], float, int]:
     from aclarena_slime.router.classifier import TagClassifier
     from aclarena_slime.router.tag_prompts import labelled_prompts
 
-    train = labelled_prompts(300, seed=0)
-    held_out = labelled_prompts(200, seed=1, exclude={text for text, _ in train})  # never a training prompt
+    train = labelled_prompts(TAGS, 300, seed=0)
+    held_out = labelled_prompts(TAGS, 200, seed=1, exclude={text for text, _ in train})  # never a training prompt
     t0 = time.perf_counter()
     model = TagClassifier.train([t for t, _ in train], [g for _, g in train])
     seconds = time.perf_counter() - t0

@@ -67,7 +67,7 @@ async def test_the_kit_catches_a_crashing_step_and_a_bad_reward():
             return Bad()
 
     with pytest.raises(ConformanceError) as info:
-        await check_environment(BadEnv(), [Task("p")])
+        await check_environment(BadEnv(), [Task("p")], entry_point=False)
     message = str(info.value)
     for expected in (
         "end with a user or tool message",
@@ -98,7 +98,7 @@ async def test_the_kit_accepts_a_minimal_correct_env():
         async def start(self, task):
             return Echo(task)
 
-    await check_environment(EchoEnv(), [Task("p", "hello")], turns=["hello"])
+    await check_environment(EchoEnv(), [Task("p", "hello")], turns=["hello"], entry_point=False)
 
 
 async def test_the_kit_reports_a_crashing_start_bad_tools_and_non_dict_messages():
@@ -121,7 +121,7 @@ async def test_the_kit_reports_a_crashing_start_bad_tools_and_non_dict_messages(
             return Odd()
 
     with pytest.raises(ConformanceError) as info:
-        await check_environment(OddEnv(), [Task("p", "crash"), Task("p", "ok")])
+        await check_environment(OddEnv(), [Task("p", "crash"), Task("p", "ok")], entry_point=False)
     message = str(info.value)
     for expected in (
         "task 0: start() raised RuntimeError: cannot start",
@@ -132,3 +132,72 @@ async def test_the_kit_reports_a_crashing_start_bad_tools_and_non_dict_messages(
         "observation roles must be user/tool, got ['None']",
     ):
         assert expected in message
+
+
+class _Unregistered(Environment):
+    """A plugin class whose author added the pyproject line but did not reinstall."""
+
+    tag = "unregistered-echo"
+
+    async def start(self, task):
+        return _SayEpisode()
+
+
+class _SayEpisode(Episode):
+    conversation = Conversation([{"role": "user", "content": "Say something."}])
+
+    async def step(self, text):
+        return Done()
+
+    async def score(self):
+        return Score(0.0)
+
+
+async def test_the_kit_says_to_reinstall_when_the_tag_has_no_installed_entry_point():
+    with pytest.raises(ConformanceError) as info:
+        await check_environment(_Unregistered(), [Task("p")])
+    message = str(info.value)
+    assert "tag 'unregistered-echo' is not registered in the entry-point group 'aclarena_slime.envs'" in message
+    assert f'unregistered-echo = "{__name__}:_Unregistered"' in message
+    assert "reinstall your package (pip install -e .)" in message
+    await check_environment(_Unregistered(), [Task("p")], entry_point=False)  # the rest of it conforms
+
+
+async def test_the_kit_refuses_a_tag_whose_entry_point_names_another_class(monkeypatch):
+    stale = EntryPoint(name="unregistered-echo", value="aclarena_envs.mock.env:MockEnvironment", group="g")
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"unregistered-echo": stale})
+    with pytest.raises(ConformanceError, match="resolves through its installed entry point to 'aclarena_envs.mock.env:"
+                       "MockEnvironment', not '.*_Unregistered'.*reinstall"):
+        await check_environment(_Unregistered(), [Task("p")])
+    broken = EntryPoint(name="unregistered-echo", value="aclarena_envs.gone.env:Gone", group="g")
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"unregistered-echo": broken})
+    with pytest.raises(ConformanceError, match="entry point 'aclarena_envs.gone.env:Gone' fails to load"):
+        await check_environment(_Unregistered(), [Task("p")])
+
+
+async def test_the_kit_names_a_stale_egg_info_that_hides_the_reinstalled_entry_points(tmp_path, monkeypatch):
+    """Python reads the first copy of a distribution's metadata on sys.path: an old in-tree .egg-info wins."""
+    stale = tmp_path / "aclarena_slime.egg-info"
+    stale.mkdir()
+    (stale / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: aclarena-slime\nVersion: 0.0.1\n")
+    (stale / "top_level.txt").write_text("aclarena_slime\naclarena_envs\n")
+    (stale / "entry_points.txt").write_text("[aclarena_slime.envs]\nmath = aclarena_envs.math.env:MathEnvironment\n")
+    assert "template" in registry.available_tags()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "template" not in registry.available_tags(), "the stale copy hides the installed entry points"
+    from aclarena_envs.template.env import TemplateEnvironment
+
+    with pytest.raises(ConformanceError, match=rf"several copies of aclarena-slime's metadata.*{stale}.*delete the stale"):
+        await check_environment(TemplateEnvironment(), [Task("Say red.", "red")])
+
+
+def test_a_tag_claimed_by_two_installed_packages_is_an_error(tmp_path, monkeypatch):
+    """Before, whichever entry point came last won, silently."""
+    other = tmp_path / "other_env-0.1.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: other-env\nVersion: 0.1\n")
+    (other / "entry_points.txt").write_text("[aclarena_slime.envs]\nmock = other_env.env:OtherMock\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(registry.PluginLoadError, match=r"'mock' is registered by several installed packages: "
+                       r"aclarena_envs.mock.env:MockEnvironment \(package aclarena-slime\), other_env.env:OtherMock \(package other-env\)"):
+        registry.load_factory("mock")

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=["completed"],
         metavar="STATUS",
-        help="episode statuses to keep (default: completed; a multi-turn warm start may also keep truncated)",
+        help="episode statuses to keep (default: completed; a warm start may keep truncated ones too)",
     )
     sdft.add_argument("--max-tokens", type=int, default=None, help="drop episodes longer than this (prompt + response)")
     sdft.add_argument("--force", action="store_true", help="replace --out if it exists")

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="roll out, train a LoRA expert, evaluate; writes OUTPUT/adapter and OUTPUT/metrics.json",
         description="Run one stage on the local backend with the settings of LocalStageConfig.",
     )
-    stage.add_argument("--env", required=True, help="environment tag (math, search, retail, ifeval, learnable, ...)")
+    stage.add_argument("--env", required=True, help="an installed environment tag (entry-point group aclarena_slime.envs)")
     stage.add_argument("--output-dir", required=True, help="folder for the adapter and metrics.json")
     stage.add_argument("--model", default="tiny", help="'tiny' (built in-process) or a Hugging Face model directory")
     stage.add_argument("--steps", type=int, default=None, help="training steps")

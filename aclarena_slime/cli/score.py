@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="score a model response (stdin) with an environment",
         description="Read a model response on stdin, run it through ENV as the model's turn, print the score as JSON.",
     )
-    parser.add_argument("env", metavar="ENV", help="an installed env plugin's tag (a wrong one lists the known tags)")
+    parser.add_argument("env", metavar="ENV", help="an installed environment tag (entry-point group aclarena_slime.envs)")
     parser.add_argument("--label", required=True, help="the record's label, as JSON (e.g. '\"73\"')")
     parser.add_argument("--metadata", default="{}", help="the record's metadata, as a JSON object")
     parser.add_argument("--prompt", default="", help="the record's prompt (some envs need it)")

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from aclarena_slime.cli import CommandError
@@ -45,21 +46,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="FILE|builtin",
         help="pick the expert of untagged requests from the prompt: a saved classifier, or 'builtin' "
-        "(trained at start on generated prompts of the installed envs)",
+        "(trained at start on the routing prompts of the manifest's env plugins)",
     )
     parser.add_argument("--min-confidence", type=float, default=0.5, help="classifier probability needed to use it")
     parser.add_argument("--health-interval", type=float, default=5.0, help="seconds between engine health checks")
     parser.set_defaults(handler=run)
 
 
-def load_classifier(spec: str | None) -> TagClassifier | None:
+def load_classifier(spec: str | None, tags: Iterable[str]) -> TagClassifier | None:
+    """A saved classifier, or ``builtin``: one trained now on the routing prompts of the env plugins of ``tags``."""
+    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment
     from aclarena_slime.router.classifier import TagClassifier
     from aclarena_slime.router.tag_prompts import labelled_prompts
 
     if spec is None:
         return None
     if spec == "builtin":
-        pairs = labelled_prompts(300, seed=0)
+        try:
+            pairs = labelled_prompts(tags, 300, seed=0)
+        except (UnknownEnvironment, PluginLoadError, TypeError, ValueError, NotImplementedError) as exc:
+            raise CommandError(f"--classifier builtin: {exc}") from exc
         return TagClassifier.train([text for text, _ in pairs], [tag for _, tag in pairs])
     try:
         return TagClassifier.load(spec)
@@ -82,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     for url in args.engine:
         if not url.startswith(("http://", "https://")):
             raise CommandError(f"--engine {url!r} is not an http(s) URL")
-    resolver = ExpertResolver(table, load_classifier(args.classifier), min_confidence=args.min_confidence)
+    classifier = load_classifier(args.classifier, sorted(table.experts))
+    resolver = ExpertResolver(table, classifier, min_confidence=args.min_confidence)
     pool = EnginePool(args.engine, table, health_interval_s=args.health_interval)
     app = build_app(pool, resolver, api_key=args.api_key or os.environ.get(API_KEY_ENV))
     try:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from aclarena_envs.ifeval import routing
 from aclarena_envs.ifeval.generator import generate
 from aclarena_envs.ifeval.reward import LEVELS, MODES, Label, Verdicts, judge, strip_thinking
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
@@ -117,6 +118,12 @@ class IFEvalEnvironment(Environment):
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Generated prompts (see :mod:`aclarena_envs.ifeval.generator`), reproducible from ``seed``."""
         return [prompt.to_slime(i, seed) for i, prompt in enumerate(generate(n, seed))]
+
+    @classmethod
+    def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:
+        """Half the demo records' prompts, half IFEval's short constraint phrasings (:mod:`aclarena_envs.ifeval.routing`)."""
+        demo = super().routing_prompts(n // 2, seed)
+        return demo + routing.prompts(n - len(demo), seed)
 
     async def aclose(self) -> None:
         if self._scorer is not None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from aclarena_envs.math import routing
 from aclarena_envs.math.answer import AnswerRule, UnclosedThink, final_answer
 from aclarena_envs.math.exact import decide
 from aclarena_envs.math.lane import Lane
@@ -154,6 +155,12 @@ class MathEnvironment(Environment):
                 }
             )
         return records
+
+    @classmethod
+    def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:
+        """Half the demo records' prompts, half competition-style problems (:mod:`aclarena_envs.math.routing`)."""
+        demo = super().routing_prompts(n // 2, seed)
+        return demo + routing.prompts(n - len(demo), seed)
 
     async def aclose(self) -> None:
         self.pool.close()

@@ -33,6 +33,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from aclarena_envs.retail import routing
 from aclarena_envs.retail.data import TAG, RetailData, records, task_id_of
 from aclarena_envs.retail.db import canonical_hash
 from aclarena_envs.retail.reward import GoldReplay, replay_gold, score_episode
@@ -198,6 +199,11 @@ class RetailEnvironment(Environment):
         """``n`` records drawn from the train split of the configured data directory."""
         rows = records(self.data, "train")
         return random.Random(seed).sample(rows, min(n, len(rows)))
+
+    @classmethod
+    def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:
+        """Generated customer messages (:mod:`aclarena_envs.retail.routing`): the demo records need a data folder."""
+        return routing.prompts(n, seed)
 
     async def aclose(self) -> None:
         await self.user.aclose()

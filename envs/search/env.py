@@ -36,7 +36,7 @@ from typing import Any
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score, Task
 from aclarena_slime.strict_config import from_mapping
 
-from . import data, demo_corpus
+from . import data, demo_corpus, routing
 from .e5 import check_e5, dense_encoder
 from .protocol import (
     INSTRUCTION,
@@ -245,6 +245,12 @@ class SearchEnvironment(Environment):
         questions = list(demo_corpus.generate(DEMO_PASSAGES).questions)
         random.Random(seed).shuffle(questions)
         return list(data.demo_records(questions[:n], "demo"))
+
+    @classmethod
+    def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:
+        """Half the demo records' prompts, half open-domain questions (:mod:`aclarena_envs.search.routing`)."""
+        demo = super().routing_prompts(n // 2, seed)
+        return demo + routing.prompts(n - len(demo), seed)
 
     async def aclose(self) -> None:
         if self._retriever is not None:

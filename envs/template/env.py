@@ -1,7 +1,8 @@
-"""Template for a new environment: copy this folder, rename the tag, fill in the three methods.
+"""Template for a new environment: copy this folder, rename the tag, fill in ``start``, ``step``, ``score``.
 
-Reward range: [0, 1]. A one-turn task: the model answers, the answer is compared with the label.
-Config: ``instruction`` (appended to the prompt). Keep settings in a dataclass built with
+Reward range: [0, 1]. A one-turn task: the model answers, the answer (after any thinking) is compared
+with the label. Config (recipe ``env_config.template``, ``recipes/env/template.yaml``): ``instruction``,
+appended to the prompt. Settings live in a dataclass built with
 :func:`~aclarena_slime.strict_config.from_mapping`, so a misspelt key fails instead of being ignored.
 """
 
@@ -11,18 +12,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from aclarena_envs.template import data
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
 from aclarena_slime.strict_config import from_mapping
 
 
 @dataclass(frozen=True)
 class TemplateConfig:
-    """The env's settings (recipe ``aclarena_env_config.template``)."""
+    """The env's settings (recipe ``env_config.template``)."""
 
-    instruction: str = "Answer with one word."
+    instruction: str = "Answer with the word only."
 
 
 class TemplateEpisode(Episode):
+    """One conversation: the state ``score`` needs (here, the answer)."""
+
     def __init__(self, task: Task, instruction: str) -> None:
         self.task, self.answer = task, ""
         self.conversation = Conversation([{"role": "user", "content": f"{task.prompt}\n\n{instruction}"}])
@@ -37,7 +41,8 @@ class TemplateEpisode(Episode):
 
 
 class TemplateEnvironment(Environment):
-    tag: ClassVar[str] = "template"
+    tag: ClassVar[str] = data.TAG
+    prepare_data: ClassVar[str | None] = "aclarena_envs.template.data.main"  # `aclarena data prepare template`
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
@@ -47,8 +52,4 @@ class TemplateEnvironment(Environment):
         return TemplateEpisode(task, self.instruction)
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        colours = ["red", "green", "blue"]
-        return [
-            {"prompt": f"Say {colours[i % 3]}.", "label": colours[i % 3], "metadata": {"env": self.tag}}
-            for i in range(n)
-        ]
+        return data.demo_records(n, seed)

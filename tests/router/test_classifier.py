@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from importlib.metadata import EntryPoint
+from typing import ClassVar
+
 import pytest
 
+from aclarena_slime import registry
+from aclarena_slime.cli import main as cli_main
+from aclarena_slime.contract import Environment
 from aclarena_slime.router.classifier import TagClassifier, tokens
-from aclarena_slime.router.tag_prompts import GENERATORS, TAGS, labelled_prompts
+from aclarena_slime.router.tag_prompts import labelled_prompts
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 
-from .conftest import client, gateway, post
+from .conftest import TAGS, client, gateway, post, write_manifest
 
-TRAINING = labelled_prompts(120, seed=0)
+TRAINING = labelled_prompts(TAGS, 120, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -19,22 +25,62 @@ def classifier() -> TagClassifier:
 
 
 def test_prompts_cover_the_four_envs_and_held_out_excludes_training():
-    train = labelled_prompts(20, seed=0)
-    held_out = labelled_prompts(20, seed=1, exclude={text for text, _ in train})
+    train = labelled_prompts(TAGS, 20, seed=0)
+    held_out = labelled_prompts(TAGS, 20, seed=1, exclude={text for text, _ in train})
     assert sorted({tag for _, tag in train}) == sorted(TAGS)
     assert all(sum(tag == t for _, tag in train) == 20 for t in TAGS)
     assert all(sum(tag == t for _, tag in held_out) == 20 for t in TAGS)
     assert not {text for text, _ in train} & {text for text, _ in held_out}
 
 
-def test_exclude_fails_loudly_when_the_templates_run_dry(monkeypatch):
-    monkeypatch.setitem(GENERATORS, "math", lambda r: "always the same")
-    with pytest.raises(ValueError, match="cannot generate 2 'math' prompts"):
-        labelled_prompts(2, use_demo_records=False, exclude={"always the same"})
+class _Repetitive(Environment):
+    tag: ClassVar[str] = "repetitive"
+
+    async def start(self, task):
+        raise NotImplementedError
+
+    @classmethod
+    def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:
+        return ["always the same"] * n
+
+
+class _Silent(Environment):
+    tag: ClassVar[str] = "silent"
+
+    async def start(self, task):
+        raise NotImplementedError
+
+
+def test_exclude_fails_loudly_when_an_envs_prompts_run_dry(monkeypatch):
+    monkeypatch.setitem(registry._registered, "repetitive", _Repetitive)
+    assert labelled_prompts(["repetitive"], 2) == [("always the same", "repetitive")] * 2
+    with pytest.raises(ValueError, match="'repetitive' gives only 0 routing prompts outside the 1 excluded"):
+        labelled_prompts(["repetitive"], 2, exclude={"always the same"})
+
+
+def test_an_env_without_routing_prompts_or_demo_records_says_so(monkeypatch):
+    monkeypatch.setitem(registry._registered, "silent", _Silent)
+    with pytest.raises(NotImplementedError, match="'silent' has no routing prompts.*override Environment.routing_prompts"):
+        labelled_prompts(["silent"], 2)
+
+
+def test_a_plugin_that_fails_to_load_is_an_error_not_skipped(monkeypatch):
+    """It used to be swallowed (the classifier silently trained without the env's demo prompts)."""
+    broken = EntryPoint(name="broken", value="aclarena_envs.no_such_env.env:Nope", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"broken": broken})
+    with pytest.raises(registry.PluginLoadError, match="'broken'.*no_such_env"):
+        labelled_prompts(["broken"], 2)
+
+
+def test_builtin_classifier_of_a_manifest_without_plugin_is_a_clear_cli_error(tmp_path, capsys):
+    manifest = write_manifest(tmp_path, {"no-such-env": {"adapter": "x"}})
+    argv = ["serve-router", "--engine", "http://127.0.0.1:1", "--experts", str(manifest), "--classifier", "builtin"]
+    assert cli_main(argv) == 2
+    assert "--classifier builtin: no environment registered under tag 'no-such-env'" in capsys.readouterr().err
 
 
 def test_held_out_accuracy_per_env(classifier):
-    held_out = labelled_prompts(60, seed=1, exclude={text for text, _ in TRAINING})
+    held_out = labelled_prompts(TAGS, 60, seed=1, exclude={text for text, _ in TRAINING})
     assert not {text for text, _ in TRAINING} & {text for text, _ in held_out}
     for tag in TAGS:
         texts = [text for text, t in held_out if t == tag]

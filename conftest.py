@@ -1,1 +1,0 @@
-pytest_plugins = ["aclarena_slime.testing.pytest_plugin"]
