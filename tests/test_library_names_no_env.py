@@ -16,8 +16,8 @@ TAGS = ("math", "search", "retail", "ifeval")
 # A tag as a word, not inside markup such as "<search>" (a protocol's tag, which the hostile-turn corpus
 # and the tiny tokenizer's vocabulary use) nor part of a longer name ("math-verify", "research").
 TAG_WORD = re.compile(rf"(?<![<\w/-])({'|'.join(TAGS)})(?![>\w-])")
-# Files still in flight elsewhere: the CLI commands that move into their env plugins (branch `cli`).
-# Drop these entries once that move is merged.
+
+
 def _docstrings(tree: ast.AST) -> set[int]:
     found = set()
     for node in ast.walk(tree):
