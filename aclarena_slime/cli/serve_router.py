@@ -9,13 +9,12 @@ import os
 import signal
 import sys
 
-from aiohttp import web
-
 from aclarena_slime.cli import CommandError
 from aclarena_slime.experts import ExpertError, ExpertTable
-from aclarena_slime.http_service import LOOPBACK, serving
+from aclarena_slime.http_service import LOOPBACK
 from aclarena_slime.router.classifier import TagClassifier
-from aclarena_slime.router.gateway import build_app
+from aclarena_slime.router.gateway import Gateway, build_app
+from aclarena_slime.router.gateway import run as run_loop
 from aclarena_slime.router.pool import EnginePool
 from aclarena_slime.router.routing import TAG_HEADER, ExpertResolver
 from aclarena_slime.router.tag_prompts import labelled_prompts
@@ -77,19 +76,19 @@ def run(args: argparse.Namespace) -> int:
     pool = EnginePool(args.engine, table, health_interval_s=args.health_interval)
     app = build_app(pool, resolver, api_key=args.api_key or os.environ.get(API_KEY_ENV))
     try:
-        asyncio.run(_serve(app, args.host, args.port))
+        run_loop(_serve(app, args.host, args.port))
     except OSError as exc:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     return 0
 
 
-async def _serve(app: web.Application, host: str, port: int) -> None:
+async def _serve(app: Gateway, host: str, port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with serving(app, host, port) as url:
+    async with app.serving(host, port) as url:
         print(f"aclarena router listening on {url}", flush=True)
         if host != LOOPBACK:
             print(f"warning: listening on {host}, reachable from other machines", file=sys.stderr, flush=True)
