@@ -2,8 +2,8 @@
 
 ``/v1/chat/completions`` and ``/v1/completions`` get ``model="<served>:<adapter>"``; ``/generate``
 gets ``lora_path``; both from the request's environment tag (see :mod:`aclarena_slime.router.routing`).
-Bodies are forwarded as JSON, answers (streams included) passed through byte for byte with the
-engine's status. ``/health`` reports every engine (503 when none is healthy) and needs no API key;
+Bodies are forwarded as JSON (a tagged ``/generate`` that names no adapter is not even decoded: the
+engine parses it), answers (streams included) passed through byte for byte with the engine's status. ``/health`` reports every engine (503 when none is healthy) and needs no API key;
 everything else does when one is configured (``Authorization: Bearer KEY``).
 
 The HTTP both ways is :mod:`aclarena_slime.router.http1` (asyncio protocols, httptools), on uvloop when
@@ -115,9 +115,15 @@ class Gateway:
         await self._forward(conn, request, json.dumps(payload).encode(), route)
 
     async def _generate(self, conn: ServerConnection, request: Request) -> None:
+        tag, raw = request.headers.get(_TAG), request.body.lstrip()
+        if tag and raw[:1] == b"{" and raw[1:].lstrip()[:1] not in (b"}", b"") and not _may_name_lora_path(raw):
+            # Tagged and naming no adapter of its own: the header decides, so the body is not decoded (1.3 ms
+            # for 8k token ids); it goes on with the adapter spliced in, and the engine parses it as ever.
+            route = self.resolver.for_generate({}, tag)
+            body = b'{"lora_path": ' + json.dumps(route.adapter).encode() + b", " + raw[1:]
+            return await self._forward(conn, request, body, route)
         payload = _json_body(request.body)
-        route = self.resolver.for_generate(payload, request.headers.get(_TAG))
-        raw = request.body.lstrip()
+        route = self.resolver.for_generate(payload, tag)
         if route.source != "lora_path" and route.adapter and payload and "lora_path" not in payload and raw[:1] == b"{":
             # the request as it came, with the adapter spliced in: no second encoding of a long prompt
             body = b'{"lora_path": ' + json.dumps(route.adapter).encode() + b", " + raw[1:]
@@ -243,3 +249,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
 def _error(conn: ServerConnection, request: Request, status: int, message: str, kind: str) -> None:
     body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
     conn.respond(request, status, body, _JSON)
+
+
+def _may_name_lora_path(raw: bytes) -> bool:
+    """Whether a JSON body could hold a ``lora_path`` key: spelled out, or hidden behind a ``\\u`` escape."""
+    return b'"lora_path"' in raw or b"\\u" in raw
