@@ -241,8 +241,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.keep_alive = False
         self._head: asyncio.Future[None] | None = None
         self._done: asyncio.Future[None] | None = None
-        self._received = False
         self._length_known = False
+        self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
@@ -297,6 +297,8 @@ class UpstreamConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.status, self.content_type, self.body, self.sink, self._length_known = 0, "", [], None, False
         self._head, self._done = loop.create_future(), loop.create_future()
+        if self._paused:  # the last stream's client lagged as it ended
+            self.pause(False)
         self.transport.write(data)
         await self._head
 
@@ -310,7 +312,9 @@ class UpstreamConnection(asyncio.Protocol):
         return body
 
     def pause(self, paused: bool) -> None:
-        if self.transport is not None and not self.closed:
+        """Stop (or resume) reading the engine's answer while the client cannot take more."""
+        if self.transport is not None and not self.closed and paused != self._paused:
+            self._paused = paused
             if paused:
                 self.transport.pause_reading()
             else:

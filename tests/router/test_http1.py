@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 
 import pytest
@@ -183,3 +184,45 @@ def _has_uvloop() -> bool:
 def test_engine_urls_must_be_http(url):
     with pytest.raises(ValueError, match="is not http"):
         http1.UpstreamPool(url)
+
+
+class _Flood(FakeSGLang):
+    """Streams 8 MB, more than the kernel's socket buffers take: 1,000 events of 8 kB."""
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(1000):
+            await response.write(b"data: %04d%s\n\n" % (i, b"x" * 8192))
+        await response.write_eof()
+        return response
+
+
+async def test_a_client_that_does_not_read_holds_the_engine_back(tiny_tokenizer, manifest, monkeypatch):
+    pauses: list[bool] = []
+    original = http1.UpstreamConnection.pause
+
+    def pause(self, paused: bool) -> None:
+        pauses.append(paused)
+        original(self, paused)
+
+    monkeypatch.setattr(http1.UpstreamConnection, "pause", pause)
+    async with _Flood(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest, health_interval_s=3600) as (url, _):
+        host, port = url.split("//")[1].rsplit(":", 1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)  # a small window: the gateway's buffer fills
+        sock.connect((host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.write(_post("/generate", BODY))
+        deadline = asyncio.get_running_loop().time() + 30
+        while True not in pauses:  # not reading: the gateway's buffer fills and it stops reading the engine
+            assert asyncio.get_running_loop().time() < deadline, "the gateway never held the engine back"
+            await asyncio.sleep(0.05)
+        status, _, body = await _answer(reader)
+        assert status == 200 and body.count(b"data: ") == 1000 and body.endswith(b"data: 0999" + b"x" * 8192 + b"\n\n")
+        assert pauses[-1] is False or len(pauses) % 2 == 1  # resumed as the client read, or at the next request
+        writer.write(_post("/generate", BODY))  # the same engine connection serves the next one
+        status, _, body = await _answer(reader)
+        assert status == 200 and body.count(b"data: ") == 1000
+        writer.close()
