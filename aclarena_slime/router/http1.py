@@ -105,7 +105,7 @@ class ServerConnection(asyncio.Protocol):
 
     # --- httptools callbacks
     def on_message_begin(self) -> None:
-        self._url, self._headers, self._body, self._size, self._chunked = b"", {}, [], 0, False
+        self._url, self._headers, self._body, self._size = b"", {}, [], 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url

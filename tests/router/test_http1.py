@@ -226,3 +226,40 @@ async def test_a_client_that_does_not_read_holds_the_engine_back(tiny_tokenizer,
         status, _, body = await _answer(reader)
         assert status == 200 and body.count(b"data: ") == 1000
         writer.close()
+
+
+class _Slow(FakeSGLang):
+    """Streams three events a moment apart."""
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return await super()._generate(request)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(3):
+            await response.write(b"data: %d\n\n" % i)
+            await asyncio.sleep(0.1)
+        await response.write_eof()
+        return response
+
+
+async def test_a_request_sent_during_a_stream_waits_for_it(tiny_tokenizer, manifest):
+    async with _Slow(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest) as (url, _):
+        reader, writer = await _raw(url)
+        writer.write(_post("/generate", json.dumps({**json.loads(BODY), "stream": True}).encode()))
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        writer.write(_post("/generate", BODY))  # while the stream is still coming
+        headers = {}
+        while (line := await reader.readline()) != b"\r\n":
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        assert headers["transfer-encoding"] == "chunked"
+        events = b""
+        while size := int((await reader.readline()).strip(), 16):
+            events += await reader.readexactly(size)
+            await reader.readline()
+        await reader.readline()
+        assert events == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+        status, _, body = await _answer(reader)
+        assert status == 200 and json.loads(body)["text"] == "ok"
+        writer.close()
