@@ -1,6 +1,6 @@
 """What the multi-LoRA gateway costs, on loopback, against direct access and against sglang-router.
 
-    python benchmarks/bench_router.py [--scale 1.0] [--engine-delay-ms 0]
+    python benchmarks/bench_router.py [--scale 1.0] [--engine-delay-ms 0] [--rounds 3] [--prompt-tokens 64]
 
 Starts, each in its own process: one fake SGLang engine (real ``/generate`` protocol, scripted reply),
 ``aclarena serve-router`` in front of it (tag from the ``X-Aclarena-Env`` header, four experts), and
@@ -267,7 +267,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
             children.append(router)
 
         payload = {
-            "input_ids": list(range(100, 164)),
+            "input_ids": [100 + i % 400 for i in range(args.prompt_tokens)],
             "sampling_params": {"max_new_tokens": 16},
             "return_logprob": True,
         }
@@ -324,7 +324,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
                 )
         load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         title = (
-            f"/generate on loopback, fake engine (+{args.engine_delay_ms:g} ms), {os.cpu_count()} CPUs, "
+            f"/generate of {args.prompt_tokens} token ids on loopback, fake engine (+{args.engine_delay_ms:g} ms), "
+            f"{os.cpu_count()} CPUs, "
             f"load average {load_avg:.1f}; medians of {args.rounds} interleaved rounds"
         )
         cols = ["target", "clients", "p50 ms", "p99 ms", "req/s", "p50 ratio", "throughput ratio (min-max)"]
@@ -347,6 +348,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the number of requests per level")
     parser.add_argument("--engine-delay-ms", type=float, default=0.0, help="simulated generation time per request")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table gives medians")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="token ids in each request's prompt")
     parser.add_argument("--skip-classifier", action="store_true")
     parser.add_argument("--serve-engine", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
