@@ -21,6 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
+from aclarena_slime.http_service import LOOPBACK
 from aclarena_slime.router.http1 import Request, ServerConnection, UpstreamConnectError, UpstreamError
 from aclarena_slime.router.pool import Engine, EnginePool, NoEngine
 from aclarena_slime.router.routing import TAG_HEADER, ExpertResolver, Route, RouteError
@@ -51,11 +52,16 @@ class Gateway:
         self._connections: set[ServerConnection] = set()
 
     @contextlib.asynccontextmanager
-    async def serving(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-        """Serve for the duration of the block; yields the base URL (``port=0`` picks a free port)."""
+    async def serving(self, host: str = LOOPBACK, port: int = 0) -> AsyncIterator[str]:
+        """Serve for the duration of the block; yields the base URL (``port=0`` picks a free port, bound
+        before the URL is handed out)."""
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
         await self.pool.start()
         loop = asyncio.get_running_loop()
         try:
