@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-IDLE_UPSTREAM_S = 3.0  # uvicorn (SGLang's server) closes idle keep-alive connections after 5 s
+IDLE_UPSTREAM_S = 3.0  # SGLang closes idle keep-alive connections after 5 s (0.5.15 srt/environ.py: SGLANG_TIMEOUT_KEEP_ALIVE)
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
 
