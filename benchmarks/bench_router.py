@@ -1,13 +1,14 @@
 """What the multi-LoRA gateway costs, on loopback, against direct access and against sglang-router.
 
-    python benchmarks/bench_router.py [--scale 1.0] [--engine-delay-ms 0]
+    python benchmarks/bench_router.py [--scale 1.0] [--engine-delay-ms 0] [--rounds 3] [--prompt-tokens 64]
 
 Starts, each in its own process: one fake SGLang engine (real ``/generate`` protocol, scripted reply),
 ``aclarena serve-router`` in front of it (tag from the ``X-Aclarena-Env`` header, four experts), and
 ``sglang-router`` from PyPI in front of the same engine (``lora_path`` in the body, round robin). Then
-sends the same ``/generate`` request at 1, 16 and 64 concurrent clients to each and prints latency
-p50/p99, throughput, the ratios to direct access, and each proxy's CPU time per request (steadier than
-throughput on a shared machine). Also prints the tag classifier's accuracy on
+sends the same ``/generate`` request at 1, 16 and 64 concurrent clients to each, in interleaved rounds
+(``--rounds``), and prints the medians of latency p50/p99, throughput, the throughput ratio to direct
+access in the same round, and each proxy's CPU time per request (steadier than throughput on a shared
+machine). Also prints the tag classifier's accuracy on
 held-out prompts of the four envs. Numbers depend on the machine's load: the table prints it.
 """
 
@@ -266,7 +267,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
             children.append(router)
 
         payload = {
-            "input_ids": list(range(100, 164)),
+            "input_ids": [100 + i % 400 for i in range(args.prompt_tokens)],
             "sampling_params": {"max_new_tokens": 16},
             "return_logprob": True,
         }
@@ -289,38 +290,45 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
         for _, url, body, headers in targets:
             await wait_serving(url, body, headers)
 
-        results: dict[tuple[str, int], dict[str, float]] = {}
-        for clients, n in LEVELS:
-            for name, url, body, headers in targets:
+        # Rounds, the targets' order rotated in each: a neighbour's load burst hits all of them alike.
+        runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+        cpu: dict[tuple[str, int], list[float]] = {}
+        for round_ in range(args.rounds):
+            for clients, n in LEVELS:
                 requests = max(clients * 4, int(n * args.scale))
-                before = cpu_seconds(proxies[name]) if name in proxies else 0.0
-                results[name, clients] = await load(url, body, headers, clients, requests)
-                after = cpu_seconds(proxies[name]) if name in proxies else 0.0
-                results[name, clients]["cpu_us"] = (after - before) / requests * 1e6
+                shift = round_ % len(targets)
+                for name, url, body, headers in targets[shift:] + targets[:shift]:
+                    before = cpu_seconds(proxies[name]) if name in proxies else 0.0
+                    runs.setdefault((name, clients), []).append(await load(url, body, headers, clients, requests))
+                    after = cpu_seconds(proxies[name]) if name in proxies else 0.0
+                    cpu.setdefault((name, clients), []).append((after - before) / requests * 1e6)
         rows = []
         for clients, _ in LEVELS:
-            base = results["direct", clients]
+            base = runs["direct", clients]
             for name, *_ in targets:
-                r = results[name, clients]
+                r = runs[name, clients]
+                p50, rps = statistics.median(x["p50"] for x in r), statistics.median(x["rps"] for x in r)
+                ratios = [x["rps"] / d["rps"] for x, d in zip(r, base, strict=True)]  # each against direct in the same round
+                spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
                 rows.append(
                     [
                         name,
                         str(clients),
-                        f"{r['p50']:.2f}",
-                        f"{r['p99']:.2f}",
-                        f"{r['rps']:.0f}",
-                        "-" if name == "direct" else f"{r['p50'] - base['p50']:+.2f}",
-                        "-" if name == "direct" else f"{r['p50'] / base['p50']:.2f}x",
-                        "-" if name == "direct" else f"{r['rps'] / base['rps']:.2f}",
-                        "-" if name == "direct" else f"{r['cpu_us']:.0f}",
+                        f"{p50:.2f}",
+                        f"{statistics.median(x['p99'] for x in r):.2f}",
+                        f"{rps:.0f}",
+                        "-" if name == "direct" else f"{p50 / statistics.median(x['p50'] for x in base):.2f}x",
+                        "-" if name == "direct" else f"{statistics.median(ratios):.2f}{spread}",
+                        "-" if name == "direct" else f"{statistics.median(cpu[name, clients]):.0f}",
                     ]
                 )
         load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         title = (
-            f"/generate on loopback, fake engine (+{args.engine_delay_ms:g} ms), {os.cpu_count()} CPUs, "
-            f"load average {load_avg:.1f}"
+            f"/generate of {args.prompt_tokens} token ids on loopback, fake engine (+{args.engine_delay_ms:g} ms), "
+            f"{os.cpu_count()} CPUs, "
+            f"load average {load_avg:.1f}; medians of {args.rounds} interleaved rounds"
         )
-        cols = ["target", "clients", "p50 ms", "p99 ms", "req/s", "added p50 ms", "p50 ratio", "throughput ratio"]
+        cols = ["target", "clients", "p50 ms", "p99 ms", "req/s", "p50 ratio", "throughput ratio (min-max)"]
         cols.append("proxy CPU us/req")
         print_table(title, cols, rows)
         if router_note:
@@ -339,6 +347,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the number of requests per level")
     parser.add_argument("--engine-delay-ms", type=float, default=0.0, help="simulated generation time per request")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table gives medians")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="token ids in each request's prompt")
     parser.add_argument("--skip-classifier", action="store_true")
     parser.add_argument("--serve-engine", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()

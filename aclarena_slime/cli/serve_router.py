@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING
 from aclarena_slime.cli import CommandError
 from aclarena_slime.http_service import LOOPBACK
 
-if TYPE_CHECKING:  # the router (aiohttp, numpy) is imported when the command runs, not for `aclarena --help`
-    from aiohttp import web
-
+if TYPE_CHECKING:  # the router (httptools, numpy) is imported when the command runs, not for `aclarena --help`
     from aclarena_slime.router.classifier import TagClassifier
+    from aclarena_slime.router.gateway import Gateway
 
 # The value of aclarena_slime.router.routing.TAG_HEADER, written out so that --help does not import the
 # router; tests/cli/test_startup.py checks that the two agree.
@@ -76,6 +75,7 @@ def load_classifier(spec: str | None, tags: Iterable[str]) -> TagClassifier | No
 def run(args: argparse.Namespace) -> int:
     from aclarena_slime.experts import ExpertError, ExpertTable
     from aclarena_slime.router.gateway import build_app
+    from aclarena_slime.router.gateway import run as run_loop
     from aclarena_slime.router.pool import EnginePool
     from aclarena_slime.router.routing import ExpertResolver
 
@@ -93,21 +93,19 @@ def run(args: argparse.Namespace) -> int:
     pool = EnginePool(args.engine, table, health_interval_s=args.health_interval)
     app = build_app(pool, resolver, api_key=args.api_key or os.environ.get(API_KEY_ENV))
     try:
-        asyncio.run(_serve(app, args.host, args.port))
+        run_loop(_serve(app, args.host, args.port))
     except OSError as exc:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     return 0
 
 
-async def _serve(app: web.Application, host: str, port: int) -> None:
-    from aclarena_slime.http_service import serving
-
+async def _serve(app: Gateway, host: str, port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with serving(app, host, port) as url:
+    async with app.serving(host, port) as url:
         print(f"aclarena router listening on {url}", flush=True)
         if host != LOOPBACK:
             print(f"warning: listening on {host}, reachable from other machines", file=sys.stderr, flush=True)

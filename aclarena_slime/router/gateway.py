@@ -2,21 +2,27 @@
 
 ``/v1/chat/completions`` and ``/v1/completions`` get ``model="<served>:<adapter>"``; ``/generate``
 gets ``lora_path``; both from the request's environment tag (see :mod:`aclarena_slime.router.routing`).
-Bodies are forwarded as JSON, answers (streams included) passed through byte for byte with the
-engine's status. ``/health`` reports every engine (503 when none is healthy) and needs no API key;
+Bodies are forwarded as JSON (a tagged ``/generate`` that names no adapter is not even decoded: the
+engine parses it), answers (streams included) passed through byte for byte with the engine's status. ``/health`` reports every engine (503 when none is healthy) and needs no API key;
 everything else does when one is configured (``Authorization: Bearer KEY``).
+
+The HTTP both ways is :mod:`aclarena_slime.router.http1` (asyncio protocols, httptools), on uvloop when
+it is installed: the proxy path is the gateway's whole cost when engines are fast.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
-from typing import Any
+import socket
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
-import aiohttp
-from aiohttp import web
-
+from aclarena_slime.http_service import LOOPBACK
+from aclarena_slime.router.http1 import Request, ServerConnection, UpstreamConnectError, UpstreamError
 from aclarena_slime.router.pool import Engine, EnginePool, NoEngine
 from aclarena_slime.router.routing import TAG_HEADER, ExpertResolver, Route, RouteError
 
@@ -24,64 +30,221 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # long multi-turn prompts as token ids stay far below this
 ROUTE_HEADER = "X-Aclarena-Expert"  # answers say which expert served them, and how it was chosen
-_JSON = {"Content-Type": "application/json"}
-_POOL = web.AppKey("pool", EnginePool)
-_RESOLVER = web.AppKey("resolver", ExpertResolver)
+IDLE_CLIENT_S = 75.0  # a client's keep-alive connection with no request for this long is closed
+_JSON = "application/json"
+_TAG = TAG_HEADER.lower()
+T = TypeVar("T")
 
 
-def build_app(pool: EnginePool, resolver: ExpertResolver, api_key: str | None = None) -> web.Application:
-    """The gateway application; the pool starts and stops with it."""
-    middlewares = [_errors, _auth(api_key)] if api_key else [_errors]  # each layer costs every request
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
-    app[_POOL], app[_RESOLVER] = pool, resolver
+class Gateway:
+    """The gateway's routes over an :class:`EnginePool`; ``async with gateway.serving(host, port) as url``."""
 
-    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
-        await pool.start()
-        yield
-        await pool.close()
+    def __init__(self, pool: EnginePool, resolver: ExpertResolver, api_key: str | None = None) -> None:
+        self.pool, self.resolver = pool, resolver
+        self._expected = f"Bearer {api_key}".encode() if api_key else None
+        self._routes = {
+            "/v1/chat/completions": ("POST", self._openai),
+            "/v1/completions": ("POST", self._openai),
+            "/generate": ("POST", self._generate),
+            "/v1/models": ("GET", self._models),
+            "/health": ("GET", self._health),
+        }
+        self._connections: set[ServerConnection] = set()
 
-    app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/chat/completions", _openai)
-    app.router.add_post("/v1/completions", _openai)
-    app.router.add_post("/generate", _generate)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    return app
+    @contextlib.asynccontextmanager
+    async def serving(self, host: str = LOOPBACK, port: int = 0) -> AsyncIterator[str]:
+        """Serve for the duration of the block; yields the base URL (``port=0`` picks a free port, bound
+        before the URL is handed out)."""
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        await self.pool.start()
+        loop = asyncio.get_running_loop()
+        try:
+            server = await loop.create_server(
+                lambda: ServerConnection(self._handle, MAX_BODY_BYTES, self._connections), sock=sock
+            )
+        except BaseException:
+            await self.pool.close()
+            raise
+        sweeper = loop.create_task(self._close_idle())
+        try:
+            yield f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
+        finally:
+            sweeper.cancel()
+            server.close()
+            for conn in list(self._connections):
+                conn.abort()
+            await server.wait_closed()
+            await self.pool.close()
 
+    async def _close_idle(self) -> None:
+        """Once in a while, rather than a timer per request."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(IDLE_CLIENT_S / 4)
+            for conn in list(self._connections):
+                if conn.task is None and loop.time() - conn.last_active > IDLE_CLIENT_S and conn.transport:
+                    conn.transport.close()
 
-def error_response(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except RouteError as exc:
-        return error_response(exc.status, str(exc), "invalid_request_error")
-    except NoEngine as exc:
-        return error_response(503, str(exc), "service_unavailable")
-
-
-def _auth(api_key: str) -> Any:
-    expected = f"Bearer {api_key}".encode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/health":
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return error_response(
-                    401, "missing or wrong API key (Authorization: Bearer KEY)", "authentication_error"
+    async def _handle(self, conn: ServerConnection, request: Request) -> None:
+        """Dispatch, check the key, and turn routing failures into JSON errors."""
+        method, handler = self._routes.get(request.path, (None, None))
+        if handler is None:
+            return _error(conn, request, 404, f"no route {request.path}", "not_found")
+        if request.method != method and not (method == "GET" and request.method == "HEAD"):
+            return _error(conn, request, 405, f"{request.path} takes {method}", "method_not_allowed")
+        if self._expected is not None and request.path != "/health":
+            given = request.headers.get("authorization", "").encode("latin-1")
+            if not hmac.compare_digest(given, self._expected):
+                return _error(
+                    conn, request, 401, "missing or wrong API key (Authorization: Bearer KEY)", "authentication_error"
                 )
-        return await handler(request)
+        try:
+            await handler(conn, request)
+        except RouteError as exc:
+            _error(conn, request, exc.status, str(exc), "invalid_request_error")
+        except NoEngine as exc:
+            _error(conn, request, 503, str(exc), "service_unavailable")
+        except Exception:  # a bug of ours: the client gets a 500, the log the traceback, the server goes on
+            log.exception("gateway failed on %s %s", request.method, request.path)
+            _error(conn, request, 500, "internal gateway error (see the gateway's log)", "internal_error")
 
-    return check
+    async def _openai(self, conn: ServerConnection, request: Request) -> None:
+        payload = _json_body(request.body)
+        route, upstream_model = self.resolver.for_openai(payload, request.headers.get(_TAG))
+        payload["model"] = upstream_model
+        await self._forward(conn, request, json.dumps(payload).encode(), route)
+
+    async def _generate(self, conn: ServerConnection, request: Request) -> None:
+        tag, raw = request.headers.get(_TAG), request.body.lstrip()
+        if tag and raw[:1] == b"{" and raw[1:].lstrip()[:1] not in (b"}", b"") and not _may_name_lora_path(raw):
+            # Tagged and naming no adapter of its own: the header decides, so the body is not decoded (1.3 ms
+            # for 8k token ids); it goes on with the adapter spliced in, and the engine parses it as ever.
+            route = self.resolver.for_generate({}, tag)
+            body = b'{"lora_path": ' + json.dumps(route.adapter).encode() + b", " + raw[1:]
+            return await self._forward(conn, request, body, route)
+        payload = _json_body(request.body)
+        route = self.resolver.for_generate(payload, tag)
+        if route.source != "lora_path" and route.adapter and payload and "lora_path" not in payload and raw[:1] == b"{":
+            # the request as it came, with the adapter spliced in: no second encoding of a long prompt
+            body = b'{"lora_path": ' + json.dumps(route.adapter).encode() + b", " + raw[1:]
+            return await self._forward(conn, request, body, route)
+        if route.source != "lora_path":
+            payload["lora_path"] = route.adapter
+        if payload.get("lora_path") is None:
+            payload.pop("lora_path", None)
+        await self._forward(conn, request, json.dumps(payload).encode(), route)
+
+    async def _forward(self, conn: ServerConnection, request: Request, body: bytes, route: Route) -> None:
+        """Send ``body`` to the chosen engine; on a refused connection try the next one, on a lost adapter
+        reload once. Any other failure of the engine is a JSON 502 and marks it down until its next good
+        health check.
+        """
+        tried: set[str] = set()
+        reloaded = False
+        while True:
+            engine = self.pool.pick(route.needs, exclude=tried)
+            with self.pool.lease(engine):
+                try:
+                    answered = await self._send(conn, request, engine, body, route, retry_lost_adapter=not reloaded)
+                except UpstreamConnectError as exc:  # nothing reached the engine: safe to go elsewhere
+                    self.pool.mark_down(engine, f"connection failed: {exc}")
+                    tried.add(engine.url)
+                    continue
+                except UpstreamError as exc:  # it had the request: resending could run it twice
+                    self.pool.mark_down(engine, f"request failed: {exc}")
+                    return _error(conn, request, 502, f"engine {engine.url} failed the request: {exc}", "bad_gateway")
+            if answered:
+                return
+            await self.pool.ensure_adapters(engine, reload=route.adapter)
+            reloaded = True
+
+    async def _send(
+        self,
+        conn: ServerConnection,
+        request: Request,
+        engine: Engine,
+        body: bytes,
+        route: Route,
+        retry_lost_adapter: bool,
+    ) -> bool:
+        """The engine's answer to the client; False when it says the adapter is not loaded (restarted)."""
+        connections = engine.connections
+        upstream = await connections.acquire()
+        complete = False
+        try:
+            await upstream.send(connections.head(request.path, len(body)) + body)
+            route_header = {ROUTE_HEADER: f"{route.adapter or 'base'}; tag={route.tag or '-'}; source={route.source}"}
+            if upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
+                await self._stream(conn, request, engine, upstream, route_header)
+                complete = not upstream.closed
+                return True
+            await upstream.finished()
+            complete = True
+            data = upstream.take_body()
+            if upstream.status == 400 and route.adapter and retry_lost_adapter and b"not loaded" in data:
+                log.warning("engine %s lost adapter %s; reloading", engine.url, route.adapter)
+                return False
+            conn.respond(request, upstream.status, data, upstream.content_type or _JSON, route_header)
+            return True
+        finally:
+            connections.release(upstream, complete)
+
+    async def _stream(
+        self, conn: ServerConnection, request: Request, engine: Engine, upstream: Any, route_header: dict[str, str]
+    ) -> None:
+        """Server-sent events, each piece written on as it arrives; a slow client slows the engine's socket."""
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **route_header}
+        conn.start_stream(request, 200, headers)
+        for piece in upstream.body:
+            conn.write_piece(piece)
+        upstream.body = []
+        upstream.sink = conn.write_piece
+        conn.on_pause = upstream.pause
+        try:
+            await upstream.finished()
+        except UpstreamError as exc:  # our headers are out: a cut connection is all the client can get
+            self.pool.mark_down(engine, f"stream broke: {exc}")
+            conn.abort()
+            return
+        finally:
+            conn.on_pause = None
+        conn.end_stream()
+
+    async def _models(self, conn: ServerConnection, request: Request) -> None:
+        names = [self.resolver.base_name] + [
+            f"{self.resolver.base_name}:{t}" for t in sorted(self.resolver.table.experts)
+        ]
+        models = [{"id": n, "object": "model", "owned_by": "aclarena"} for n in names]
+        conn.respond(request, 200, json.dumps({"object": "list", "data": models}).encode(), _JSON)
+
+    async def _health(self, conn: ServerConnection, request: Request) -> None:
+        status = self.pool.status()
+        conn.respond(request, 200 if status["healthy"] else 503, json.dumps(status).encode(), _JSON)
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
+def build_app(pool: EnginePool, resolver: ExpertResolver, api_key: str | None = None) -> Gateway:
+    """The gateway; the pool starts and stops with :meth:`Gateway.serving`."""
+    return Gateway(pool, resolver, api_key)
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on uvloop when it is installed (less CPU per proxied request), else on asyncio's loop."""
     try:
-        payload = json.loads(await request.read())  # bytes straight in: no text decoding first
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(body)  # bytes straight in: no text decoding first
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RouteError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
@@ -89,90 +252,11 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return payload
 
 
-async def _openai(request: web.Request) -> web.StreamResponse:
-    payload = await _json_body(request)
-    route, upstream_model = request.app[_RESOLVER].for_openai(payload, request.headers.get(TAG_HEADER))
-    payload["model"] = upstream_model
-    return await _forward(request, request.path, json.dumps(payload).encode(), route)
+def _error(conn: ServerConnection, request: Request, status: int, message: str, kind: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    conn.respond(request, status, body, _JSON)
 
 
-async def _generate(request: web.Request) -> web.StreamResponse:
-    payload = await _json_body(request)
-    route = request.app[_RESOLVER].for_generate(payload, request.headers.get(TAG_HEADER))
-    raw = (await request.read()).lstrip()
-    if route.source != "lora_path" and route.adapter and payload and "lora_path" not in payload and raw[:1] == b"{":
-        # the request as it came, with the adapter spliced in: no second encoding of a long prompt
-        body = b'{"lora_path": ' + json.dumps(route.adapter).encode() + b", " + raw[1:]
-        return await _forward(request, "/generate", body, route)
-    if route.source != "lora_path":
-        payload["lora_path"] = route.adapter
-    if payload.get("lora_path") is None:
-        payload.pop("lora_path", None)
-    return await _forward(request, "/generate", json.dumps(payload).encode(), route)
-
-
-async def _forward(request: web.Request, path: str, body: bytes, route: Route) -> web.StreamResponse:
-    """Send ``body`` to the chosen engine; on a refused connection try the next one, on a lost adapter
-    reload once. Any other failure of the engine is a JSON 502 and marks it down until its next good
-    health check.
-    """
-    pool = request.app[_POOL]
-    tried: set[str] = set()
-    reloaded = False
-    while True:
-        engine = pool.pick(route.needs, exclude=tried)
-        with pool.lease(engine):
-            try:
-                outcome = await _send(request, engine, path, body, route, retry_lost_adapter=not reloaded)
-            except aiohttp.ClientConnectorError as exc:  # nothing reached the engine: safe to go elsewhere
-                pool.mark_down(engine, f"connection failed: {exc}")
-                tried.add(engine.url)
-                continue
-            except aiohttp.ClientError as exc:  # it had the request (disconnect, reset): resending could run it twice
-                pool.mark_down(engine, f"request failed: {type(exc).__name__}: {exc}")
-                return error_response(502, f"engine {engine.url} failed the request: {exc}", "bad_gateway")
-        if outcome is not None:
-            return outcome
-        await pool.ensure_adapters(engine, reload=route.adapter)
-        reloaded = True
-
-
-async def _send(
-    request: web.Request, engine: Engine, path: str, body: bytes, route: Route, retry_lost_adapter: bool
-) -> web.StreamResponse | None:
-    """The engine's answer as our response; None when it says the adapter is not loaded (restarted)."""
-    pool = request.app[_POOL]
-    assert pool.session is not None
-    async with pool.session.post(engine.endpoint(path), data=body, headers=_JSON) as upstream:
-        route_header = {ROUTE_HEADER: f"{route.adapter or 'base'}; tag={route.tag or '-'}; source={route.source}"}
-        if upstream.status == 200 and upstream.content_type == "text/event-stream":
-            response = web.StreamResponse(
-                status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **route_header}
-            )
-            await response.prepare(request)
-            try:
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-            except aiohttp.ClientError as exc:  # our headers are out: a cut connection is all the client can get
-                pool.mark_down(engine, f"stream broke: {type(exc).__name__}: {exc}")
-                raise ConnectionResetError(f"engine {engine.url} broke the stream: {exc}") from exc
-            await response.write_eof()
-            return response
-        data = await upstream.read()
-        if upstream.status == 400 and route.adapter and retry_lost_adapter and b"not loaded" in data:
-            log.warning("engine %s lost adapter %s; reloading", engine.url, route.adapter)
-            return None
-        return web.Response(body=data, status=upstream.status, content_type=upstream.content_type, headers=route_header)
-
-
-async def _models(request: web.Request) -> web.Response:
-    resolver = request.app[_RESOLVER]
-    names = [resolver.base_name] + [f"{resolver.base_name}:{tag}" for tag in sorted(resolver.table.experts)]
-    return web.json_response(
-        {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "aclarena"} for n in names]}
-    )
-
-
-async def _health(request: web.Request) -> web.Response:
-    status = request.app[_POOL].status()
-    return web.json_response(status, status=200 if status["healthy"] else 503)
+def _may_name_lora_path(raw: bytes) -> bool:
+    """Whether a JSON body could hold a ``lora_path`` key: spelled out, or hidden behind a ``\\u`` escape."""
+    return b'"lora_path"' in raw or b"\\u" in raw

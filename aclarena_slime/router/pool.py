@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from yarl import URL
 
 from aclarena_slime.experts import ExpertTable
+from aclarena_slime.router.http1 import UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,10 @@ class Engine:
     in_flight: int = 0
     served: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
+    connections: UpstreamPool = field(init=False, repr=False)  # keep-alive connections for proxied requests
 
-    def endpoint(self, path: str) -> URL:
-        """The engine's URL for ``path``, parsed once (a string URL is parsed again on every request)."""
-        url = self._endpoints.get(path)
-        if url is None:
-            url = self._endpoints[path] = URL(f"{self.url}{path}")
-        return url
+    def __post_init__(self) -> None:
+        self.connections = UpstreamPool(self.url)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -74,7 +70,7 @@ class EnginePool:
     ) -> None:
         if not urls:
             raise ValueError("the router needs at least one engine URL")
-        self.engines = [Engine(url.rstrip("/")) for url in urls]
+        self.engines = [Engine(url.rstrip("/")) for url in urls]  # ValueError for a URL that is not http(s)
         # experts without a path must have been given to the engine at its start (--lora-paths)
         self.loadable = {e.adapter: str(e.path) for e in table.experts.values() if e.path is not None}
         self.preloaded = {e.adapter for e in table.experts.values() if e.path is None}
@@ -97,6 +93,8 @@ class EnginePool:
         self._task = asyncio.create_task(self._watch())
 
     async def close(self) -> None:
+        for engine in self.engines:
+            engine.connections.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -130,11 +128,12 @@ class EnginePool:
         engine.healthy, engine.reason = True, "ok"
 
     def mark_down(self, engine: Engine, reason: str) -> None:
-        """Down engines forget their adapters: if they come back, it is as a restarted server."""
+        """Down engines forget their adapters and connections: if they come back, it is as a restarted server."""
         if engine.healthy:
             log.warning("engine %s is down: %s", engine.url, reason)
         engine.healthy, engine.reason = False, reason
         engine.adapters.clear()
+        engine.connections.close()
 
     async def ensure_adapters(self, engine: Engine, reload: str | None = None) -> None:
         """Load every expert the engine does not hold; ``reload`` forces one adapter (it said it lacks it)."""

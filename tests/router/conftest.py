@@ -11,7 +11,6 @@ import aiohttp
 import pytest
 
 from aclarena_slime.experts import ExpertTable
-from aclarena_slime.http_service import serving
 from aclarena_slime.router import EnginePool, ExpertResolver, TagClassifier, build_app
 
 TAGS = ("math", "search", "retail", "ifeval")
@@ -48,7 +47,7 @@ async def gateway(
     table = ExpertTable.load(manifest)
     pool = EnginePool(engine_urls, table, health_interval_s=health_interval_s, health_timeout_s=1.0)
     app = build_app(pool, ExpertResolver(table, classifier), api_key=api_key)
-    async with serving(app) as url:
+    async with app.serving() as url:
         yield url, pool
 
 

@@ -75,6 +75,21 @@ async def test_the_body_reaches_the_engine_unchanged_but_for_the_adapter(tiny_to
         assert received == {**payload, "lora_path": "retail-expert"}
 
 
+async def test_a_tagged_body_is_not_decoded_but_cannot_smuggle_an_adapter(tiny_tokenizer, manifest):
+    """With the tag header, /generate goes on undecoded with the adapter spliced in; a ``lora_path`` key
+    written with a ``\\u`` escape is still found (the engine would take the last of two keys)."""
+    smuggled = b'{"input_ids": [1, 2, 3], "lora\\u005fpath": "../../etc/passwd"}'
+    async with FakeSGLang(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest) as (url, pool), client() as http:
+        async with http.post(f"{url}/generate", data=smuggled, headers={"X-Aclarena-Env": "retail"}) as resp:
+            assert resp.status == 200, await resp.text()
+        assert a.requests[-1]["lora_path"] == "retail-expert"
+        async with http.post(f"{url}/generate", data=b'{"input_ids": [1,', headers={"X-Aclarena-Env": "math"}) as resp:
+            assert resp.status >= 400, "a cut body is the engine's to refuse"
+        assert pool.engines[0].healthy, "an engine refusing a request is not down"
+        status, _ = await post(http, f"{url}/generate", _generate_payload(), **{"X-Aclarena-Env": "math"})
+        assert status == 200 and a.requests[-1]["lora_path"] == "math-expert"
+
+
 async def test_unknown_tag_and_traversal_are_refused(tiny_tokenizer, manifest):
     async with FakeSGLang(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest) as (url, _), client() as http:
         status, out = await post(http, f"{url}/v1/chat/completions", {"model": "qwen3-8b-sdft:chess", "messages": []})
