@@ -9,7 +9,9 @@ from argparse import Namespace
 import pytest
 import torch
 
-from aclarena_slime.tis import TisConfigError, TisSettings, correction, mismatch_tis
+from aclarena_slime.slime_edge import custom
+from aclarena_slime.slime_edge.tis import mismatch_tis
+from aclarena_slime.tis import TisConfigError, TisSettings, correction
 
 
 def _t(values):
@@ -77,10 +79,10 @@ def test_slime_adapter_reweights_pg_loss_and_reports_flat_metrics():
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(TisConfigError, match="unknown settings"):
-        TisSettings.from_mapping({"upper": 2.0})
+    with pytest.raises(ValueError, match="unknown aclarena_tis keys"):
+        custom.tis(Namespace(aclarena_tis={"upper": 2.0}))
     with pytest.raises(TisConfigError, match="reject_below < reject_above"):
-        TisSettings.from_mapping({"reject_below": 2.0, "reject_above": 0.5})
+        custom.tis(Namespace(aclarena_tis={"reject_below": 2.0, "reject_above": 0.5}))
     with pytest.raises(ValueError, match="one of each per sequence"):
         correction([_t([0.0])], [], [_t([1])], TisSettings())
 

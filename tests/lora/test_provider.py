@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from aclarena_slime.lora import LoraConfigError
-from aclarena_slime.lora import provider as provider_module
 from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN
 from aclarena_slime.lora.layers import lora_modules
 from aclarena_slime.lora.selftest import build_tiny_gpt
-from aclarena_slime.lora.updater import LoraWeightUpdater
+from aclarena_slime.slime_edge import lora as provider_module
+from aclarena_slime.slime_edge.lora_updater import LoraWeightUpdater
 
 
 def _args(lora: dict | None = None, **extra):

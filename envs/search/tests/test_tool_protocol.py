@@ -11,8 +11,8 @@ from aclarena_envs.search.tool_protocol import parse_tool_action, well_formed
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.conformance import check_environment
 from aclarena_slime.contract import Done, Observation, Task
-from aclarena_slime.rollout import generate as rollout_generate
-from aclarena_slime.rollout import reward
+from aclarena_slime.slime_edge.rollout import generate as rollout_generate
+from aclarena_slime.slime_edge.rollout import reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args, mask_runs
 
