@@ -19,8 +19,8 @@ def test_slime_loader_finds_both_functions():
 
     from aclarena_slime import rollout
 
-    assert load_function("aclarena_slime.rollout.generate") is rollout.generate
-    assert load_function("aclarena_slime.rollout.reward") is rollout.reward
+    assert load_function("aclarena_slime.slime_edge.rollout.generate") is rollout.generate
+    assert load_function("aclarena_slime.slime_edge.rollout.reward") is rollout.reward
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """One RL stage on the local backend: engine up, rollouts through the real rollout functions, LoRA steps.
 
 :func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU. The rollouts
-go through :func:`aclarena_slime.rollout.generate` and :func:`~aclarena_slime.rollout.reward` over HTTP,
+go through :func:`aclarena_slime.slime_edge.rollout.generate` and :func:`~aclarena_slime.slime_edge.rollout.reward` over HTTP,
 exactly as slime calls them, against the embedded engine; after each step the adapter is exported
 and the engine reloads it. Output folder::
 

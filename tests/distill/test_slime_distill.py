@@ -96,7 +96,7 @@ async def test_mopd_reward_inside_slime_generate_and_rm(tiny_checkpoint, tiny_to
                 tiny_checkpoint,
                 student.host,
                 student.port,
-                custom_rm_path="aclarena_slime.distill.mopd.teacher_log_probs_reward",
+                custom_rm_path="aclarena_slime.slime_edge.mopd.teacher_log_probs_reward",
                 aclarena_mopd={"teachers": {"mock": teacher.url}},
                 advantage_estimator="grpo",
                 rewards_normalization=True,
