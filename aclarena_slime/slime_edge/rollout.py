@@ -42,11 +42,12 @@ _exit_hook_installed = False
 
 def build_context(args: Any) -> RolloutContext:
     """The rollout context of ``args``: every value the episodes share, read from ``args`` once."""
-    experts = getattr(args, "aclarena_experts", None)
-    if isinstance(experts, Mapping):
+    experts = getattr(args, "aclarena_experts", None)  # empty or unset: the base model serves every tag
+    table = None
+    if isinstance(experts, Mapping) and experts:
         table = ExpertTable.from_mapping(experts)
-    else:
-        table = ExpertTable.load(str(experts)) if experts else None
+    elif experts and not isinstance(experts, Mapping):
+        table = ExpertTable.load(str(experts))
     return RolloutContext(
         engine_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}",
         chat=load_chat_tokens(args.hf_checkpoint, getattr(args, "apply_chat_template_kwargs", None)),
