@@ -178,7 +178,7 @@ async def test_real_slime_generate_and_rm_then_the_no_tool_filter(tmp_path, tiny
     from slime.rollout.sglang_rollout import generate_and_rm
     from slime.utils.types import Sample
 
-    from aclarena_slime.group_rewards import drop_no_tool
+    from aclarena_slime.slime_edge.rollout import drop_no_tool
     from aclarena_slime.testing.samples import make_slime_args
 
     corpus = write_jsonl(DEMO.passages, tmp_path / "corpus.jsonl")
