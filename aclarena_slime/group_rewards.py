@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aclarena_slime.rollout import RECORD_KEY
+
 NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # slime's group-norm set
 STD_ESTIMATORS = ("grpo", "gspo", "cispo")  # slime also divides by the group's std for these
 
@@ -94,8 +96,6 @@ class FilterSettings:
 
 def score_breakdown(sample: Any) -> Mapping[str, Any] | None:
     """The breakdown ``generate`` recorded for the sample's score; None when it was never scored."""
-    from aclarena_slime.rollout import RECORD_KEY  # the rollout module imports this one
-
     metadata = sample.metadata if isinstance(sample.metadata, Mapping) else {}
     score = (metadata.get(RECORD_KEY) or {}).get("score") or {}
     breakdown = score.get("breakdown")
