@@ -10,7 +10,7 @@ reach them through the same hooks. Samples are slime's ``Sample`` or anything wi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,17 +78,25 @@ class RolloutContext:
     """What every episode of one process shares; built once, closed once (``async with`` or :meth:`aclose`).
 
     The HTTP session is made on the event loop of the first request and belongs to it; env instances
-    are built on first use of their tag, one per tag, and closed with the context.
+    are built on first use of their tag, one per tag, and closed with the context; the tokenizer is
+    loaded by the first rollout (scoring a dumped sample needs none).
     """
 
     engine_url: str
-    chat: ChatTokens
+    load_chat: Callable[[], ChatTokens]
     budgets: Budgets
     env_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     experts: ExpertTable | None = None  # when set, requests carry lora_path = the expert of the env tag
     envs: dict[str, Environment] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    _chat: ChatTokens | None = None
+
+    @property
+    def chat(self) -> ChatTokens:
+        if self._chat is None:
+            self._chat = self.load_chat()
+        return self._chat
 
     def env(self, tag: str) -> Environment:
         if tag not in self.envs:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -50,7 +51,9 @@ def build_context(args: Any) -> RolloutContext:
         table = ExpertTable.load(str(experts))
     return RolloutContext(
         engine_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}",
-        chat=load_chat_tokens(args.hf_checkpoint, getattr(args, "apply_chat_template_kwargs", None)),
+        load_chat=functools.partial(
+            load_chat_tokens, args.hf_checkpoint, getattr(args, "apply_chat_template_kwargs", None)
+        ),
         budgets=Budgets(
             max_response_len=int(args.rollout_max_response_len),
             mode=custom.response_budget(args),
