@@ -53,10 +53,6 @@ class SGLangClient:
         self.headers = headers or {}
         self.session = session  # None: one session per request
 
-    @classmethod
-    def from_host_port(cls, host: str, port: int | str, **kwargs: Any) -> SGLangClient:
-        return cls(f"http://{host}:{port}", **kwargs)
-
     async def request(self, method: str, path: str, payload: Any = None) -> Any:
         url = f"{self.base_url}{path}"
         timeout = aiohttp.ClientTimeout(total=self.retry.timeout_s)
