@@ -1,7 +1,8 @@
 """The one generic multi-turn agent loop, token-in/token-out, for every environment.
 
-Plain values in, plain values out: :func:`run_episode` knows nothing of slime. The slime adapter
-(:mod:`aclarena_slime.rollout`) pulls what it needs out of ``args`` and the ``Sample`` and calls it.
+Plain values in, plain values out: :func:`run_episode` knows nothing of slime. The slime edge
+(:mod:`aclarena_slime.slime_edge.rollout`) pulls what it needs out of ``args`` into a rollout context,
+and :func:`aclarena_slime.rollout.run_sample` calls this loop with it.
 
 Invariants of the returned :class:`Trajectory`: ``len(loss_mask) == len(log_probs) ==
 len(response_ids)``; model tokens carry mask 1 and their engine log-probs exactly; observation tokens

@@ -14,38 +14,46 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.rollout import RECORD_KEY
 
 NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # slime's group-norm set
 STD_ESTIMATORS = ("grpo", "gspo", "cispo")  # slime also divides by the group's std for these
 
 
-def reward_value(args: Any, sample: Any) -> float:
-    """slime's ``Sample.get_reward_value``: ``reward``, or ``reward[args.reward_key]`` when a key is set.
+@dataclass(frozen=True)
+class GroupNormalization:
+    """How slime normalizes rewards within a group (its ``advantage_estimator``, ``rewards_normalization``,
+    ``grpo_std_normalization`` and ``n_samples_per_prompt``)."""
+
+    estimator: str = "grpo"
+    enabled: bool = True
+    std: bool = True
+    group_size: int = 1
+
+
+def reward_value(sample: Any, reward_key: str | None = None) -> float:
+    """slime's ``Sample.get_reward_value``: ``reward``, or ``reward[reward_key]`` when a key is set.
 
     A removed sample with no number (its reward function never ran) counts as 0.0: it is never trained on.
     """
     value = sample.reward
-    key = getattr(args, "reward_key", None)
-    if key and isinstance(value, Mapping):
-        value = value[key]
+    if reward_key and isinstance(value, Mapping):
+        value = value[reward_key]
     if sample.remove_sample and not isinstance(value, (int, float)):
         return 0.0
     return float(value)
 
 
-def normalized_rewards(args: Any, samples: Sequence[Any], raw: Sequence[float]) -> list[float]:
+def normalized_rewards(samples: Sequence[Any], raw: Sequence[float], norm: GroupNormalization) -> list[float]:
     """Per-sample training rewards from ``raw``, normalized per group as slime does, kept samples only.
 
-    Reads slime's ``advantage_estimator``, ``rewards_normalization``, ``grpo_std_normalization`` and
-    ``n_samples_per_prompt``. Groups are ``sample.group_index``, or runs of ``n_samples_per_prompt``
-    samples where it is unset. Removed samples get 0.0 whatever the estimator.
+    Groups are ``sample.group_index``, or runs of ``norm.group_size`` samples where it is unset.
+    Removed samples get 0.0 whatever the estimator.
     """
-    estimator = getattr(args, "advantage_estimator", "grpo")
-    if estimator not in NORMALIZED_ESTIMATORS or not getattr(args, "rewards_normalization", True):
+    if norm.estimator not in NORMALIZED_ESTIMATORS or not norm.enabled:
         return [0.0 if sample.remove_sample else float(r) for sample, r in zip(samples, raw, strict=True)]
-    use_std = estimator in STD_ESTIMATORS and getattr(args, "grpo_std_normalization", True)
-    size = int(getattr(args, "n_samples_per_prompt", 1) or 1)
+    use_std = norm.estimator in STD_ESTIMATORS and norm.std
+    size = max(int(norm.group_size or 1), 1)
     groups: dict[Any, list[int]] = {}
     for i, sample in enumerate(samples):
         key = sample.group_index if sample.group_index is not None else i // size
@@ -63,14 +71,14 @@ def normalized_rewards(args: Any, samples: Sequence[Any], raw: Sequence[float]) 
 
 
 # --------------------------------------------------------------------------- group filters
-# slime's ``--dynamic-sampling-filter-path``: ``fn(args, samples, **kw)`` on one prompt's group, before the
-# group enters the batch. They read the env's score breakdown that ``generate`` records in each sample's
-# metadata, under keys any env may report: ``tool_calls`` (tool calls the env ran for the model) and
-# ``task_reward`` (the task outcome before any shaping). Settings come from ``args.aclarena_filters``
-# (``--custom-config-path``; a recipe's ``custom.aclarena_filters``), checked by :class:`FilterSettings`.
+# Behind slime's ``--dynamic-sampling-filter-path`` (the adapters are in aclarena_slime.slime_edge.rollout):
+# each judges one prompt's group before it enters the batch and returns ``(keep, reason)``. They read the
+# env's score breakdown that the rollout records in each sample's metadata, under keys any env may report:
+# ``tool_calls`` (tool calls the env ran for the model) and ``task_reward`` (the task outcome before any
+# shaping). Their settings are a recipe's ``custom.aclarena_filters`` (:class:`FilterSettings`).
 
 
-@dataclass(frozen=True)
+@dataclass
 class FilterSettings:
     """The group filters' settings; defaults are the ACLArena authors'.
 
@@ -86,14 +94,8 @@ class FilterSettings:
             raise ValueError(f"aclarena_filters.max_no_tool_fraction must be a number in [0, 1], got {value!r}")
 
 
-def filter_settings(args: Any) -> FilterSettings:
-    return from_mapping(FilterSettings, getattr(args, "aclarena_filters", None) or {}, "aclarena_filters keys")
-
-
 def score_breakdown(sample: Any) -> Mapping[str, Any] | None:
     """The breakdown ``generate`` recorded for the sample's score; None when it was never scored."""
-    from aclarena_slime.rollout import RECORD_KEY  # the rollout module imports this one
-
     metadata = sample.metadata if isinstance(sample.metadata, Mapping) else {}
     score = (metadata.get(RECORD_KEY) or {}).get("score") or {}
     breakdown = score.get("breakdown")
@@ -117,8 +119,8 @@ def no_tool_mask(tool_calls: Sequence[int | None], max_no_tool_fraction: float) 
     return True, no_tool
 
 
-def drop_no_tool(args: Any, samples: list[Any], **_: Any) -> Any:
-    """slime ``--dynamic-sampling-filter-path``: the authors' filter of samples that never called a tool.
+def drop_no_tool(samples: list[Any], max_no_tool_fraction: float) -> tuple[bool, str | None]:
+    """The authors' filter of samples that never called a tool: ``(keep the group, why not)``.
 
     Masks the loss of a group's no-tool samples where they are more than ``max_no_tool_fraction`` of it,
     and drops a group where no sample called a tool. The env must report ``tool_calls`` in its breakdown.
@@ -135,15 +137,15 @@ def drop_no_tool(args: Any, samples: list[Any], **_: Any) -> Any:
             )
         else:
             counts.append(breakdown["tool_calls"])
-    keep, masked = no_tool_mask(counts, filter_settings(args).max_no_tool_fraction)
+    keep, masked = no_tool_mask(counts, max_no_tool_fraction)
     for sample, mask in zip(samples, masked, strict=True):
         if mask:
             sample.loss_mask = [0] * len(sample.loss_mask or [0] * sample.response_length)
-    return _filter_output(keep, None if keep else "all_no_tool")
+    return keep, None if keep else "all_no_tool"
 
 
-def task_reward_nonzero_std(args: Any, samples: list[Any], **_: Any) -> Any:
-    """slime ``--dynamic-sampling-filter-path``: keep a group only if its task outcomes differ.
+def task_reward_nonzero_std(samples: list[Any], reward_key: str | None = None) -> tuple[bool, str | None]:
+    """Keep a group only if its task outcomes differ: ``(keep the group, why not)``.
 
     Reads the breakdown's ``task_reward`` (the outcome before shaping penalties) where the env reports
     one, else the reward, as the authors' ``check_raw_task_reward_nonzero_std`` does (their slime fork,
@@ -157,18 +159,9 @@ def task_reward_nonzero_std(args: Any, samples: list[Any], **_: Any) -> Any:
             continue
         breakdown = score_breakdown(sample) or {}
         task = breakdown.get("task_reward")
-        values.append(float(task) if isinstance(task, (int, float)) else reward_value(args, sample))
+        values.append(float(task) if isinstance(task, (int, float)) else reward_value(sample, reward_key))
     if len(values) < 2:
-        return _filter_output(False, "too_few_kept")
+        return False, "too_few_kept"
     mean = sum(values) / len(values)
     keep = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) > 1e-6
-    return _filter_output(keep, None if keep else f"task_zero_std_{round(values[0], 1)}")
-
-
-def _filter_output(keep: bool, reason: str | None) -> Any:
-    """slime's ``DynamicFilterOutput`` (it counts drops by reason); a bare bool where slime is absent."""
-    try:
-        from slime.rollout.filter_hub.base_types import DynamicFilterOutput
-    except ImportError:
-        return keep
-    return DynamicFilterOutput(keep=keep, reason=reason)
+    return keep, None if keep else f"task_zero_std_{round(values[0], 1)}"

@@ -10,7 +10,6 @@ A plugin that fails to import fails loudly, naming the plugin; other plugins are
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -22,7 +21,6 @@ ENTRY_POINT_GROUP = "aclarena_slime.envs"
 EnvironmentFactory = Callable[[Mapping[str, Any]], Environment]
 
 _registered: dict[str, EnvironmentFactory] = {}
-_instances: dict[tuple[str, str], Environment] = {}
 
 
 class UnknownEnvironment(KeyError):
@@ -85,11 +83,12 @@ def environment_class(tag: str) -> type[Environment]:
 
 
 def get_environment(tag: str, config: Mapping[str, Any] | None = None) -> Environment:
-    """The process-wide environment for ``tag`` and ``config``, built once and then shared."""
-    key = (tag, json.dumps(config or {}, sort_keys=True, default=str))
-    if key not in _instances:
-        env = load_factory(tag)(dict(config or {}))
-        if not isinstance(env, Environment):
-            raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.contract.Environment")
-        _instances[key] = env
-    return _instances[key]
+    """A new environment for ``tag`` and ``config``, owned by the caller (who calls its ``aclose``).
+
+    Nothing is cached here: a rollout builds its envs once in its context
+    (:class:`aclarena_slime.rollout.RolloutContext`), which closes them.
+    """
+    env = load_factory(tag)(dict(config or {}))
+    if not isinstance(env, Environment):
+        raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.contract.Environment")
+    return env

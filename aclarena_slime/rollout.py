@@ -1,61 +1,147 @@
-"""The slime-facing functions: the only module that knows slime's signatures.
+"""One sample through its environment, with what every episode of a process shares passed in.
 
-Point slime at them by dotted path::
-
-    --custom-generate-function-path aclarena_slime.rollout.generate
-    --custom-rm-path aclarena_slime.rollout.reward
-    --custom-reward-post-process-path aclarena_slime.rollout.reward_post_process
-
-What they read from ``args`` (everything else is passed on as plain values):
-
-- ``sglang_router_ip``, ``sglang_router_port``: the engine endpoint (slime's router, or one server);
-- ``hf_checkpoint``: where the tokenizer lives;
-- ``rollout_max_response_len``: the response budget, unless ``sampling_params["max_new_tokens"]`` gives
-  one (slime's eval passes each dataset's own budget there). ``aclarena_response_budget`` says what it
-  bounds: ``total`` (the default: all turns together, observations included) or ``per_turn`` (each model
-  turn on its own, as the authors' multi-turn scripts spend ``max_new_tokens``);
-- ``rollout_max_context_len`` / ``eval_max_context_len`` (optional): a cap on the whole context, prompt +
-  response (slime's flags for the engine's context size);
-- ``apply_chat_template_kwargs`` (optional): extra keyword arguments of the chat template;
-- ``aclarena_env_config`` (optional, from ``--custom-config-path``): ``{tag: {env settings}}``;
-- ``aclarena_experts`` (optional): an ``experts.json`` path or a ``{tag: adapter_name}`` mapping; when
-  set, every request carries ``lora_path`` = the expert of the sample's env tag.
-
-Samples are slime's ``Sample`` or anything with the same fields (tests use a duck-typed one).
+:class:`RolloutContext` holds the shared parts (the engine's HTTP session, the tokenizer, the env
+instances, the expert table), built once and closed once: env ``aclose()`` runs when the context
+closes. :func:`run_sample` and :func:`score_sample` are the plain functions slime's generate and
+reward hooks (:mod:`aclarena_slime.slime_edge.rollout`) call; the local backend and the evaluation
+reach them through the same hooks. Samples are slime's ``Sample`` or anything with the same fields.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from aclarena_slime.agent_loop import ABORTED, FAILED, LoopSettings, Trajectory, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
-from aclarena_slime.contract import Done, Task
+from aclarena_slime.contract import Done, Environment, Task
 from aclarena_slime.experts import ExpertTable
-from aclarena_slime.group_rewards import normalized_rewards, reward_value
 from aclarena_slime.registry import get_environment
-from aclarena_slime.sglang_client import SGLangClient
+from aclarena_slime.sglang_client import SGLangClient, new_session
 
 RECORD_KEY = "aclarena"
+RESPONSE_BUDGETS = ("total", "per_turn")
 
 
 class MissingEnvTag(ValueError):
     pass
 
 
-async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
+@dataclass(frozen=True)
+class Budgets:
+    """The token budgets of a run; ``mode`` says what ``max_response_len`` bounds.
+
+    ``total``: all turns together, observations included; ``per_turn``: each model turn on its own
+    (as the authors' multi-turn scripts spend ``max_new_tokens``). The context caps bound prompt +
+    response (training and evaluation may differ).
+    """
+
+    max_response_len: int
+    mode: str = "total"
+    max_context_len: int | None = None
+    eval_max_context_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in RESPONSE_BUDGETS:
+            raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {self.mode!r}")
+
+
+def loop_settings(
+    budgets: Budgets, sampling_params: Mapping[str, Any], evaluation: bool = False, lora_path: str | None = None
+) -> LoopSettings:
+    """The agent loop's budgets: ``sampling_params["max_new_tokens"]`` (slime's eval passes each dataset's
+    own there) wins over the run's response budget."""
+    budget = int(sampling_params.get("max_new_tokens") or budgets.max_response_len)
+    context = (budgets.eval_max_context_len if evaluation else None) or budgets.max_context_len
+    return LoopSettings(
+        max_response_tokens=budget if budgets.mode == "total" else None,
+        max_turn_tokens=budget if budgets.mode == "per_turn" else None,
+        max_context_tokens=int(context) if context else None,
+        lora_path=lora_path,
+    )
+
+
+def load_chat_tokens(hf_checkpoint: str, template_kwargs: Mapping[str, Any] | None = None) -> ChatTokens:
+    """The tokenizer at ``hf_checkpoint`` with the chat template's extra arguments (e.g. ``enable_thinking``)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_checkpoint, trust_remote_code=True)
+    return ChatTokens(tokenizer, dict(template_kwargs or {}))
+
+
+@dataclass
+class RolloutContext:
+    """What every episode of one process shares; built once, closed once (``async with`` or :meth:`aclose`).
+
+    The HTTP session is made on the event loop of the first request and belongs to it; env instances
+    are built on first use of their tag, one per tag, and closed with the context; the tokenizer is
+    loaded by the first rollout (scoring a dumped sample needs none).
+    """
+
+    engine_url: str
+    load_chat: Callable[[], ChatTokens]
+    budgets: Budgets
+    env_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    experts: ExpertTable | None = None  # when set, requests carry lora_path = the expert of the env tag
+    envs: dict[str, Environment] = field(default_factory=dict)
+    session: aiohttp.ClientSession | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    _chat: ChatTokens | None = None
+
+    @property
+    def chat(self) -> ChatTokens:
+        if self._chat is None:
+            self._chat = self.load_chat()
+        return self._chat
+
+    def env(self, tag: str) -> Environment:
+        if tag not in self.envs:
+            self.envs[tag] = get_environment(tag, dict(self.env_configs.get(tag) or {}))
+        return self.envs[tag]
+
+    def client(self, url: str | None = None) -> SGLangClient:
+        """A client on the shared session (the engine's, or ``url``: a teacher's)."""
+        loop = asyncio.get_running_loop()
+        if self.session is None:
+            self.session, self.loop = new_session(), loop
+        elif self.loop is not loop:
+            raise RuntimeError("a RolloutContext belongs to the event loop it first ran on; build one per loop")
+        return SGLangClient(url or self.engine_url, session=self.session)
+
+    def adapter(self, tag: str) -> str | None:
+        return self.experts.adapter_for(tag) if self.experts is not None else None
+
+    async def aclose(self) -> None:
+        """Close every env built here and the HTTP session; the context is empty afterwards."""
+        envs, self.envs = list(self.envs.values()), {}
+        session, self.session, self.loop = self.session, None, None
+        try:
+            for env in envs:
+                await env.aclose()
+        finally:
+            if session is not None:
+                await session.close()
+
+    async def __aenter__(self) -> RolloutContext:
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.aclose()
+
+
+async def run_sample(
+    context: RolloutContext, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Any:
     """Roll out one sample through its environment; fills the token fields, status and metadata."""
     tag = env_tag(sample)
-    env = get_environment(tag, env_config(args, tag))
-    settings = loop_settings(args, sampling_params, evaluation, lora_path=expert_adapter(args, tag))
-    client = SGLangClient.from_host_port(args.sglang_router_ip, args.sglang_router_port)
-    chat = chat_tokens(args.hf_checkpoint, _template_kwargs(args))
-    traj = await run_episode(env, task_of(sample), client, chat, sampling_params, settings)
-    fill_sample(sample, traj, chat, floor_reward=env.reward_range[0])
+    env = context.env(tag)
+    settings = loop_settings(context.budgets, sampling_params, evaluation, lora_path=context.adapter(tag))
+    traj = await run_episode(env, task_of(sample), context.client(), context.chat, sampling_params, settings)
+    fill_sample(sample, traj, context.chat, floor_reward=env.reward_range[0])
     if evaluation and traj.score is not None:
         # Evaluation scores the task, whatever reward model training uses (MOPD's is the teacher's KL):
         # slime skips the reward model for a sample that already has a reward.
@@ -63,24 +149,16 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     return sample
 
 
-async def reward(args: Any, sample: Any, **_: Any) -> float | list[float]:
-    """The episode's reward: the score computed at the end of ``generate``, or a replay of its turns.
+async def score_sample(context: RolloutContext, sample: Any) -> float:
+    """The episode's reward: the score computed by :func:`run_sample`, or a replay of its turns.
 
-    Replay covers samples that did not come through :func:`generate` (e.g. slime's own generate,
-    or a dumped rollout): their model turns are stepped through a fresh episode and scored.
-    With ``--group-rm`` slime passes a group (a list of samples) and expects a list of rewards.
+    Replay covers samples that did not come through :func:`run_sample` (slime's own generate, a dumped
+    rollout): their model turns are stepped through a fresh episode and scored.
     """
-    if isinstance(sample, list):
-        return list(await asyncio.gather(*(_sample_reward(args, one) for one in sample)))
-    return await _sample_reward(args, sample)
-
-
-async def _sample_reward(args: Any, sample: Any) -> float:
     record = sample.metadata.setdefault(RECORD_KEY, {})
     if "score" in record:
         return float(record["score"]["reward"])
-    tag = env_tag(sample)
-    env = get_environment(tag, env_config(args, tag))
+    env = context.env(env_tag(sample))
     if record.get("error"):  # the env failed on this sample: a placeholder, never trained on
         return float(env.reward_range[0])
     episode = await env.start(task_of(sample))
@@ -95,35 +173,6 @@ async def _sample_reward(args: Any, sample: Any) -> float:
     return float(score.reward)
 
 
-def reward_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[float], list[float]]:
-    """slime ``--custom-reward-post-process-path``: ``(raw_rewards, rewards)`` as slime's default computes
-    them, except that removed samples (an env failure's placeholder reward) stay out of their group's
-    mean and std and get 0.0 (see :mod:`aclarena_slime.group_rewards`)."""
-    raw = [reward_value(args, sample) for sample in samples]
-    return raw, normalized_rewards(args, samples, raw)
-
-
-def loop_settings(
-    args: Any, sampling_params: dict[str, Any], evaluation: bool = False, lora_path: str | None = None
-) -> LoopSettings:
-    """The agent loop's budgets from slime's ``args`` (see the module docstring)."""
-    budget = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
-    mode = getattr(args, "aclarena_response_budget", None) or "total"
-    if mode not in RESPONSE_BUDGETS:
-        raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {mode!r}")
-    context = getattr(args, "eval_max_context_len", None) if evaluation else None
-    context = context or getattr(args, "rollout_max_context_len", None)
-    return LoopSettings(
-        max_response_tokens=budget if mode == "total" else None,
-        max_turn_tokens=budget if mode == "per_turn" else None,
-        max_context_tokens=int(context) if context else None,
-        lora_path=lora_path,
-    )
-
-
-RESPONSE_BUDGETS = ("total", "per_turn")
-
-
 def env_tag(sample: Any) -> str:
     metadata = sample.metadata if isinstance(sample.metadata, Mapping) else {}
     tag = metadata.get("env")
@@ -134,39 +183,6 @@ def env_tag(sample: Any) -> str:
 
 def task_of(sample: Any) -> Task:
     return Task(prompt=sample.prompt, label=sample.label, metadata=dict(sample.metadata or {}))
-
-
-def env_config(args: Any, tag: str) -> dict[str, Any]:
-    configs = getattr(args, "aclarena_env_config", None) or {}
-    return dict(configs.get(tag) or {})
-
-
-def expert_adapter(args: Any, tag: str) -> str | None:
-    source = getattr(args, "aclarena_experts", None)
-    if not source:
-        return None
-    if isinstance(source, Mapping):
-        return ExpertTable.from_mapping(source).adapter_for(tag)
-    return _manifest(str(source)).adapter_for(tag)
-
-
-@functools.lru_cache(maxsize=8)
-def _manifest(path: str) -> ExpertTable:
-    return ExpertTable.load(path)
-
-
-def _template_kwargs(args: Any) -> str:
-    """slime's ``--apply-chat-template-kwargs`` (e.g. ``enable_thinking``) as JSON: a hashable cache key."""
-    return json.dumps(getattr(args, "apply_chat_template_kwargs", None) or {}, sort_keys=True)
-
-
-@functools.lru_cache(maxsize=4)
-def chat_tokens(hf_checkpoint: str, template_kwargs: str = "{}") -> ChatTokens:
-    """One tokenizer per checkpoint and chat-template arguments (``template_kwargs`` is a JSON object)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(hf_checkpoint, trust_remote_code=True)
-    return ChatTokens(tokenizer, json.loads(template_kwargs))
 
 
 def fill_sample(sample: Any, traj: Trajectory, chat: ChatTokens, floor_reward: float = 0.0) -> None:

@@ -1,8 +1,10 @@
 """An async client for SGLang's native HTTP API (``/generate``, adapter loading, health).
 
-One ``aiohttp`` session per event loop, reused across requests (slime's rollout runs thousands of
-requests on one loop). Connection errors and 5xx answers are retried a bounded number of times with
-exponential backoff; 4xx answers are the caller's fault and raise at once, carrying the server's message.
+The HTTP session is passed in: a rollout shares one pooled session across its thousands of requests
+(the rollout context owns and closes it). A client given none opens one per request, which suits
+one-off callers (an adapter sync, a CLI command) and leaves nothing open behind them. Connection
+errors and 5xx answers are retried a bounded number of times with exponential backoff; 4xx answers
+are the caller's fault and raise at once, carrying the server's message.
 """
 
 from __future__ import annotations
@@ -30,41 +32,26 @@ class RetryPolicy:
     timeout_s: float | None = None  # total per request; None: generation can legitimately take minutes
 
 
-# A plain dict: a session references its loop, so a weak-keyed map would never free an entry.
-# Entries of closed loops are dropped whenever a new session is made.
-_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
-
-
-def _session() -> aiohttp.ClientSession:
-    loop = asyncio.get_running_loop()
-    session = _sessions.get(loop)
-    if session is None or session.closed:
-        for stale in [other for other in _sessions if other.is_closed()]:
-            del _sessions[stale]
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-        session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        _sessions[loop] = session
-    return session
-
-
-async def close_sessions() -> None:
-    """Close this loop's session (tests, shutdown)."""
-    session = _sessions.pop(asyncio.get_running_loop(), None)
-    if session is not None:
-        await session.close()
+def new_session() -> aiohttp.ClientSession:
+    """A pooled session for many requests on one event loop (a rollout's); its owner closes it."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
 class SGLangClient:
     """Talks to one SGLang endpoint: a server, slime's router, or anything speaking the same API."""
 
-    def __init__(self, base_url: str, retry: RetryPolicy | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        retry: RetryPolicy | None = None,
+        headers: dict[str, str] | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         self.headers = headers or {}
-
-    @classmethod
-    def from_host_port(cls, host: str, port: int | str, **kwargs: Any) -> SGLangClient:
-        return cls(f"http://{host}:{port}", **kwargs)
+        self.session = session  # None: one session per request
 
     async def request(self, method: str, path: str, payload: Any = None) -> Any:
         url = f"{self.base_url}{path}"
@@ -76,17 +63,24 @@ class SGLangClient:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry.max_backoff_s)
             try:
-                async with _session().request(method, url, json=payload, headers=self.headers, timeout=timeout) as resp:
-                    body = await resp.text()
-                    if resp.status < 400:
-                        return _decode(body, resp.content_type)
-                    last_error = SGLangError(url, resp.status, _error_message(body))
-                    if resp.status < 500:
-                        raise last_error
+                status, body, content_type = await self._send(method, url, payload, timeout)
+                if status < 400:
+                    return _decode(body, content_type)
+                last_error = SGLangError(url, status, _error_message(body))
+                if status < 500:
+                    raise last_error
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
                 last_error = SGLangError(url, None, f"{type(exc).__name__}: {exc}")
         assert last_error is not None
         raise last_error
+
+    async def _send(
+        self, method: str, url: str, payload: Any, timeout: aiohttp.ClientTimeout
+    ) -> tuple[int, str, str]:
+        if self.session is not None:
+            return await _exchange(self.session, method, url, payload, self.headers, timeout)
+        async with aiohttp.ClientSession() as session:
+            return await _exchange(session, method, url, payload, self.headers, timeout)
 
     async def post(self, path: str, payload: Any) -> Any:
         return await self.request("POST", path, payload)
@@ -125,6 +119,18 @@ class SGLangClient:
 
     async def unload_lora_adapter(self, name: str) -> Any:
         return await self.post("/unload_lora_adapter", {"lora_name": name})
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    payload: Any,
+    headers: dict[str, str],
+    timeout: aiohttp.ClientTimeout,
+) -> tuple[int, str, str]:
+    async with session.request(method, url, json=payload, headers=headers, timeout=timeout) as resp:
+        return resp.status, await resp.text(), resp.content_type
 
 
 def _decode(body: str, content_type: str) -> Any:

@@ -1,8 +1,8 @@
 """Train/inference mismatch correction as the authors' full-fine-tuning runs apply it (their "MIS" variant of TIS).
 
 Slime computes the policy loss with the training engine's log-probs while the tokens were sampled by
-SGLang; the two disagree a little. With ``--use-tis`` slime calls a function, here
-``--custom-tis-function-path aclarena_slime.tis.mismatch_tis``, that reweights and masks the per-token loss.
+SGLang; the two disagree a little. With ``--use-tis`` slime calls a function (``--custom-tis-function-path``, the ``tis`` hook of
+:mod:`aclarena_slime.slime_edge`, which calls :func:`correction`) that reweights and masks the per-token loss.
 Per response token, with ``r = exp(log p_train - log p_rollout)``:
 
 - **weight**: ``min(r, cap)`` (token-level truncated importance sampling);
@@ -24,11 +24,11 @@ veto or the normaliser: everything is taken over loss-mask tokens only.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where the correction runs: the recipe schema reads TisSettings
+    import torch
 
 LOG_RATIO_BOUND = 20.0  # exp() of a larger log-ratio overflows in bf16/fp16 and means nothing anyway
 
@@ -37,7 +37,7 @@ class TisConfigError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass
 class TisSettings:
     cap: float = 2.0
     reject_below: float | None = 0.5
@@ -54,15 +54,6 @@ class TisSettings:
         if self.veto_below is not None and not 0 < self.veto_below < 1:
             raise TisConfigError(f"aclarena_tis.veto_below must be in (0, 1), got {self.veto_below}")
 
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> TisSettings:
-        values = dict(values or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise TisConfigError(f"aclarena_tis: unknown settings {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
 
 def correction(
     train_log_probs: list[torch.Tensor],
@@ -74,6 +65,8 @@ def correction(
 
     Weights and masks are detached: the correction scales the gradient, it is not differentiated.
     """
+    import torch
+
     if not len(train_log_probs) == len(rollout_log_probs) == len(loss_masks):
         raise ValueError(
             f"{len(train_log_probs)} train, {len(rollout_log_probs)} rollout log-prob sequences and "
@@ -112,42 +105,3 @@ def correction(
         metrics["batch_norm_factor"] = [torch.full_like(w, mean if mean > 1e-8 else 1.0) for w in weights]
     metrics["weight"] = weights
     return [w.detach() for w in weights], [m.detach() for m in masks], metrics
-
-
-def mismatch_tis(
-    args: Any,
-    *,
-    pg_loss: torch.Tensor,
-    train_log_probs: list[torch.Tensor],
-    rollout_log_probs: list[torch.Tensor],
-    loss_masks: list[torch.Tensor],
-    total_lengths: list[int],
-    response_lengths: list[int],
-    **_: Any,
-) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
-    """slime ``--custom-tis-function-path``: ``(pg_loss reweighted, masks after rejection, metrics)``.
-
-    ``pg_loss`` and the log-probs hold this context-parallel rank's share of each response; the masks are
-    whole responses (slime slices them itself). The veto and the normaliser need whole responses, so
-    with context parallelism the log-probs are gathered first and the results sliced back.
-    """
-    settings = TisSettings.from_mapping(getattr(args, "aclarena_tis", None))
-    gather, local = _cp_functions(args)
-    full_train = [gather(t, n, r) for t, n, r in zip(train_log_probs, total_lengths, response_lengths, strict=True)]
-    full_rollout = [gather(t, n, r) for t, n, r in zip(rollout_log_probs, total_lengths, response_lengths, strict=True)]
-    weights, masks, metrics = correction(full_train, full_rollout, loss_masks, settings)
-
-    def flat(values: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([local(v, n, r) for v, n, r in zip(values, total_lengths, response_lengths, strict=True)])
-
-    weight = flat(weights).to(device=pg_loss.device, dtype=pg_loss.dtype)
-    return pg_loss * weight, masks, {f"mis_{key}": flat(values).detach() for key, values in metrics.items()}
-
-
-def _cp_functions(args: Any):
-    """Gather-to-whole and slice-to-this-rank for each response; identities without context parallelism."""
-    if int(getattr(args, "context_parallel_size", 1) or 1) <= 1:
-        return (lambda tensor, total, response: tensor), (lambda tensor, total, response: tensor)
-    from slime.backends.megatron_utils.cp_utils import all_gather_with_cp, slice_log_prob_with_cp
-
-    return all_gather_with_cp, slice_log_prob_with_cp

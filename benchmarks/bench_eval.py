@@ -24,7 +24,7 @@ from rich.table import Table
 from aclarena_slime.analysis.entropy import compare, stats_from_top_logprobs
 from aclarena_slime.evaluation import RunSettings, parse_suite, run_suite
 from aclarena_slime.experts import ExpertTable
-from aclarena_slime.sglang_client import SGLangClient, close_sessions
+from aclarena_slime.sglang_client import SGLangClient, new_session
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.tiny_model import build_tiny_tokenizer
 
@@ -39,9 +39,9 @@ async def runner_rate(n: int, concurrency: int) -> float:
         async with FakeSGLang(tokenizer, ["<guess>apple</guess>", "<guess>pear</guess>"]) as engine:
             start = time.perf_counter()
             settings = RunSettings(root / "out", root, concurrency=concurrency)
-            await run_suite(suite, SGLangClient(engine.url), tokenizer, settings, experts)
+            async with new_session() as session:
+                await run_suite(suite, SGLangClient(engine.url, session=session), tokenizer, settings, experts)
             elapsed = time.perf_counter() - start
-        await close_sessions()
     return n / elapsed
 
 

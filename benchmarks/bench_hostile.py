@@ -35,8 +35,7 @@ from rich.table import Table
 
 from aclarena_slime import hostile, registry
 from aclarena_slime.contract import Environment, Observation, Task
-from aclarena_slime.rollout import generate, reward
-from aclarena_slime.sglang_client import close_sessions
+from aclarena_slime.slime_edge.rollout import close_context, generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, make_args
 from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
@@ -178,7 +177,7 @@ async def rollout(
                 tally.check_reward(env, value)
             i += 1
     monitor.cancel()
-    await close_sessions()
+    await close_context()
     return tally
 
 

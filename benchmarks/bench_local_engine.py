@@ -22,7 +22,7 @@ from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.stage import prepare_model
 from aclarena_slime.local.trainer import LoraTrainer, TrainSettings
-from aclarena_slime.sglang_client import SGLangClient, close_sessions, output_tokens
+from aclarena_slime.sglang_client import SGLangClient, output_tokens
 
 
 async def timed(client: SGLangClient, prompt: list[int], n: int, tokens: int, lora: str | None) -> tuple[int, float]:
@@ -61,7 +61,6 @@ async def main(args: argparse.Namespace) -> None:
                     *await timed(client, prompt, args.requests, args.tokens, "expert"),
                 ),
             ]
-            await close_sessions()
     table = Table(
         title=f"local engine: model={args.model}, prompt {len(prompt)} tokens, {args.threads} torch thread(s)"
     )

@@ -1,4 +1,5 @@
-"""Group filters (slime's ``--dynamic-sampling-filter-path``): the authors' no-tool and task-variance rules."""
+"""Group filters (slime's ``--dynamic-sampling-filter-path``): the authors' no-tool and task-variance rules,
+through the edge's hooks (the plain rules live in ``aclarena_slime.group_rewards``)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from aclarena_slime.group_rewards import (
-    FilterSettings,
-    drop_no_tool,
-    filter_settings,
-    no_tool_mask,
-    task_reward_nonzero_std,
-)
+from aclarena_slime.group_rewards import FilterSettings, no_tool_mask
+from aclarena_slime.slime_edge.custom import filters as filter_settings
+from aclarena_slime.slime_edge.rollout import drop_no_tool, task_reward_nonzero_std
 from aclarena_slime.testing.samples import FakeSample
 
 
@@ -90,10 +87,11 @@ def test_slime_loads_the_filters_and_reads_their_output():
     from slime.rollout.filter_hub.base_types import DynamicFilterOutput, call_dynamic_filter
     from slime.utils.misc import load_function
 
-    from aclarena_slime import group_rewards
+    from aclarena_slime.slime_edge import path
+    from aclarena_slime.slime_edge import rollout as edge
 
     for name in ("drop_no_tool", "task_reward_nonzero_std"):
-        assert load_function(f"aclarena_slime.group_rewards.{name}") is getattr(group_rewards, name)
+        assert load_function(path(name)) is getattr(edge, name)
     nobody = [_scored({"tool_calls": 0}) for _ in range(2)]
-    output = call_dynamic_filter(group_rewards.drop_no_tool, SimpleNamespace(), nobody)
+    output = call_dynamic_filter(edge.drop_no_tool, SimpleNamespace(), nobody)
     assert output == DynamicFilterOutput(keep=False, reason="all_no_tool")

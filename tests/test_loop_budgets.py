@@ -12,7 +12,8 @@ import pytest
 from aclarena_slime import registry
 from aclarena_slime.agent_loop import LoopSettings, Trajectory
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Observation, Score
-from aclarena_slime.rollout import generate, loop_settings
+from aclarena_slime.rollout import Budgets, loop_settings
+from aclarena_slime.slime_edge.rollout import build_context, generate
 from aclarena_slime.testing.fake_sglang import FakeSGLang, fake_logprob
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
 
@@ -124,24 +125,22 @@ async def test_a_turn_cut_by_its_own_budget_ends_the_episode_as_truncated(tiny_c
 
 
 def test_eval_context_cap_wins_in_evaluation():
-    from types import SimpleNamespace
 
-    args = SimpleNamespace(
-        rollout_max_response_len=2048,
-        aclarena_response_budget="per_turn",
-        rollout_max_context_len=32768,
-        eval_max_context_len=8192,
-    )
-    assert loop_settings(args, {}, evaluation=True).max_context_tokens == 8192
-    train = loop_settings(args, {})
+    budgets = Budgets(max_response_len=2048, mode="per_turn", max_context_len=32768, eval_max_context_len=8192)
+    assert loop_settings(budgets, {}, evaluation=True).max_context_tokens == 8192
+    train = loop_settings(budgets, {})
     assert (train.max_turn_tokens, train.max_response_tokens, train.max_context_tokens) == (2048, None, 32768)
 
 
-def test_bad_settings_are_clear_errors():
+def test_bad_settings_are_clear_errors(tiny_checkpoint):
     from types import SimpleNamespace
 
+    args = SimpleNamespace(
+        sglang_router_ip="127.0.0.1", sglang_router_port=1, hf_checkpoint=str(tiny_checkpoint),
+        rollout_max_response_len=8, aclarena_response_budget="per_episode",
+    )  # fmt: skip
     with pytest.raises(ValueError, match="aclarena_response_budget"):
-        loop_settings(SimpleNamespace(rollout_max_response_len=8, aclarena_response_budget="per_episode"), {})
+        build_context(args)
     with pytest.raises(ValueError, match="max_context_tokens"):
         LoopSettings(max_response_tokens=8, max_context_tokens=0)
     with pytest.raises(ValueError, match="response budget"):

@@ -15,7 +15,7 @@ from aclarena_slime.contract import Conversation, Done, Environment, Episode, Ob
 def test_in_repo_plugins_are_discovered_through_entry_points():
     assert {"math", "mock", "search", "retail", "ifeval"} <= set(registry.available_tags())
     assert type(registry.get_environment("math")).__name__ == "MathEnvironment"
-    assert registry.get_environment("math") is registry.get_environment("math", {})
+    assert registry.get_environment("math") is not registry.get_environment("math")  # the caller owns each one
 
 
 def test_unknown_tag_names_the_known_ones():

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
 import pytest
 from aiohttp import web
 
 from aclarena_slime.http_service import serving
-from aclarena_slime.sglang_client import RetryPolicy, SGLangClient, SGLangError, finish_reason, output_tokens
+from aclarena_slime.sglang_client import (
+    RetryPolicy,
+    SGLangClient,
+    SGLangError,
+    finish_reason,
+    new_session,
+    output_tokens,
+)
 
 FAST = RetryPolicy(attempts=3, backoff_s=0.01)
 
@@ -63,7 +69,7 @@ async def test_connection_refused_is_retried_then_raised():
     assert not await client.healthy()
 
 
-async def test_connection_is_reused_across_requests():
+async def _peers_of_five_requests(session_for_client) -> set:
     peers: set = set()
 
     async def generate(request: web.Request) -> web.Response:
@@ -73,28 +79,17 @@ async def test_connection_is_reused_across_requests():
     app = web.Application()
     app.router.add_post("/generate", generate)
     async with serving(app) as url:
-        client = SGLangClient(url)
+        client = SGLangClient(url, session=session_for_client)
         for _ in range(5):
             await client.generate([1], {})
-    assert len(peers) == 1
+    return peers
 
 
-def test_sessions_of_closed_loops_are_dropped():
-    """A session references its loop: the map must drop closed loops itself, or it grows forever."""
-    from aclarena_slime import sglang_client
+async def test_a_given_session_reuses_its_connection_across_requests():
+    async with new_session() as session:
+        assert len(await _peers_of_five_requests(session)) == 1
+    assert session.closed  # its owner closed it; the client holds no session of its own
 
-    async def open_and_close() -> asyncio.AbstractEventLoop:
-        await sglang_client._session().close()  # closed, but the entry stays (as when a loop just ends)
-        return asyncio.get_running_loop()
 
-    first = asyncio.run(open_and_close())
-    assert first in sglang_client._sessions
-
-    async def open_another() -> None:
-        session = sglang_client._session()
-        assert list(sglang_client._sessions) == [asyncio.get_running_loop()]
-        await session.close()
-
-    asyncio.run(open_another())
-    assert first not in sglang_client._sessions
-    sglang_client._sessions.clear()
+async def test_without_a_session_each_request_opens_and_closes_its_own():
+    assert len(await _peers_of_five_requests(None)) == 5

@@ -17,10 +17,10 @@ pytestmark = pytest.mark.slime
 def test_slime_loader_finds_both_functions():
     from slime.utils.misc import load_function
 
-    from aclarena_slime import rollout
+    from aclarena_slime.slime_edge import rollout
 
-    assert load_function("aclarena_slime.rollout.generate") is rollout.generate
-    assert load_function("aclarena_slime.rollout.reward") is rollout.reward
+    assert load_function("aclarena_slime.slime_edge.rollout.generate") is rollout.generate
+    assert load_function("aclarena_slime.slime_edge.rollout.reward") is rollout.reward
 
 
 @pytest.mark.parametrize(

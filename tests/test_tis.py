@@ -9,7 +9,9 @@ from argparse import Namespace
 import pytest
 import torch
 
-from aclarena_slime.tis import TisConfigError, TisSettings, correction, mismatch_tis
+from aclarena_slime.slime_edge import custom
+from aclarena_slime.slime_edge.tis import mismatch_tis
+from aclarena_slime.tis import TisConfigError, TisSettings, correction
 
 
 def _t(values):
@@ -77,10 +79,10 @@ def test_slime_adapter_reweights_pg_loss_and_reports_flat_metrics():
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(TisConfigError, match="unknown settings"):
-        TisSettings.from_mapping({"upper": 2.0})
+    with pytest.raises(ValueError, match="unknown aclarena_tis keys"):
+        custom.tis(Namespace(aclarena_tis={"upper": 2.0}))
     with pytest.raises(TisConfigError, match="reject_below < reject_above"):
-        TisSettings.from_mapping({"reject_below": 2.0, "reject_above": 0.5})
+        custom.tis(Namespace(aclarena_tis={"reject_below": 2.0, "reject_above": 0.5}))
     with pytest.raises(ValueError, match="one of each per sequence"):
         correction([_t([0.0])], [], [_t([1])], TisSettings())
 
@@ -104,13 +106,13 @@ def megatron_single_rank():
 
 @pytest.mark.slime
 def test_inside_real_slime_policy_loss_a_vetoed_sequence_gets_no_gradient(megatron_single_rank):
-    """slime's own ``policy_loss_function`` loads ``--custom-tis-function-path aclarena_slime.tis.mismatch_tis``."""
+    """slime's own ``policy_loss_function`` loads ``--custom-tis-function-path aclarena_slime.slime_edge.tis.mismatch_tis``."""
     from slime.backends.megatron_utils.cp_utils import get_sum_of_sample_mean
     from slime.backends.megatron_utils.loss import policy_loss_function
 
     args = Namespace(
         use_opsm=False, advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=None,
-        get_mismatch_metrics=False, use_tis=True, custom_tis_function_path="aclarena_slime.tis.mismatch_tis",
+        get_mismatch_metrics=False, use_tis=True, custom_tis_function_path="aclarena_slime.slime_edge.tis.mismatch_tis",
         calculate_per_token_loss=False, custom_pg_loss_reducer_function_path=None, entropy_coef=0.0,
         use_kl_loss=False, use_unbiased_kl=False, kl_loss_type="low_var_kl", kl_loss_coef=0.0,
         use_rollout_logprobs=False, rollout_temperature=1.0, allgather_cp=False, log_probs_chunk_size=-1,

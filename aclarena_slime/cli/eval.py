@@ -123,7 +123,7 @@ def run_command(args: argparse.Namespace) -> int:
     from aclarena_slime.evaluation.records import DatasetError
     from aclarena_slime.experts import ExpertError, ExpertTable
     from aclarena_slime.registry import PluginLoadError, UnknownEnvironment
-    from aclarena_slime.sglang_client import SGLangClient, SGLangError, close_sessions
+    from aclarena_slime.sglang_client import SGLangClient, SGLangError, new_session
 
     try:
         services = _pairs(args.service, "--service")
@@ -155,26 +155,24 @@ def run_command(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
 
     async def evaluate(url: str) -> dict[str, Any]:
-        client = SGLangClient(url)
-        if (args.load_experts or args.local_model) and experts is not None:
-            await load_experts(client, experts)
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-            console=console, disable=args.json or not console.is_terminal,
-        ) as progress:  # fmt: skip
-            return await run_suite(suite, client, tokenizer, settings, experts, progress, model_info=info)
+        async with new_session() as session:  # one pooled HTTP session for the whole suite
+            client = SGLangClient(url, session=session)
+            if (args.load_experts or args.local_model) and experts is not None:
+                await load_experts(client, experts)
+            with Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                console=console, disable=args.json or not console.is_terminal,
+            ) as progress:  # fmt: skip
+                return await run_suite(suite, client, tokenizer, settings, experts, progress, model_info=info)
 
     async def main() -> dict[str, Any]:
-        try:
-            if args.endpoint:
-                return await evaluate(args.endpoint)
-            from aclarena_slime.local.engine import LocalEngine
-            from aclarena_slime.local.generation import MultiLoraModel
+        if args.endpoint:
+            return await evaluate(args.endpoint)
+        from aclarena_slime.local.engine import LocalEngine
+        from aclarena_slime.local.generation import MultiLoraModel
 
-            async with LocalEngine(MultiLoraModel.from_pretrained(args.local_model)).serve() as url:
-                return await evaluate(url)
-        finally:
-            await close_sessions()
+        async with LocalEngine(MultiLoraModel.from_pretrained(args.local_model)).serve() as url:
+            return await evaluate(url)
 
     try:
         summary = asyncio.run(main())

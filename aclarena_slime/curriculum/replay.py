@@ -1,7 +1,7 @@
 """The replay baseline: stage k trains on its own prompts plus a share of the earlier stages' prompts.
 
 A data mixture, not new machinery. On slime, the stage's data source becomes the balanced source
-(:class:`aclarena_slime.distill.balanced_source.BalancedDataSource`) with ``aclarena_replay`` in the
+(the ``balanced_data_source`` hook of :mod:`aclarena_slime.slime_edge`) with ``aclarena_replay`` in the
 custom config, and the earlier stages' env settings and services join the stage's, so the multi-env
 rollout can run every replayed prompt. On the local backend, :func:`local_replay_records` mixes the
 earlier envs' records into the stage's training records with the same balancer and weights.
@@ -10,12 +10,14 @@ earlier envs' records into the stage's training records with the same balancer a
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aclarena_slime.distill.balanced_source import DomainBalancer, ReplaySettings, replay_weights
+from aclarena_slime.slime_edge import path as hook_path
 
-DATA_SOURCE = "aclarena_slime.distill.balanced_source.BalancedDataSource"
+DATA_SOURCE = hook_path("balanced_data_source")
 
 
 def attach_replay(recipe: Any, settings: ReplaySettings, earlier: Sequence[Any], local: bool) -> Any:
@@ -37,11 +39,9 @@ def attach_replay(recipe: Any, settings: ReplaySettings, earlier: Sequence[Any],
     if recipe.plugins.data_source_path not in (None, DATA_SOURCE):
         raise ValueError(f"replay: stage {recipe.name} already has a data source ({recipe.plugins.data_source_path})")
     recipe.plugins.data_source_path = DATA_SOURCE
-    recipe.custom["aclarena_replay"] = {
-        **settings.to_dict(),
-        "current": own,
-        "data": {tag: r.data.prompt_data for tag, r in previous.items()},
-    }
+    recipe.custom.aclarena_replay = dataclasses.replace(
+        settings, current=own, data={tag: r.data.prompt_data for tag, r in previous.items()}
+    )
     adopt_envs(recipe, list(previous.values()))  # the multi-env rollout needs every replayed env
     return recipe
 

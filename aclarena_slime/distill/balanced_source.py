@@ -9,13 +9,13 @@ runs are exactly even), interleaved domain by domain. A bucket that runs out res
 over: small domains repeat within an epoch, by design. One epoch is one pass over the largest domain,
 so ``len()`` is ``largest bucket × k`` and slime's ``--num-epoch`` keeps its meaning.
 
-Slime constructs it as ``cls(args)`` and reads: ``prompt_data`` and the dataset flags (through its own
-``Dataset``, so prompts are built exactly as slime builds them), ``n_samples_per_prompt``,
-``rollout_shuffle``, ``rollout_seed``, ``save`` / ``load``. The domain of a record is
-``metadata[args.aclarena_balance_key]`` when that is set, else ``metadata.domain``, else
-``metadata.env`` (the env tag): SDFT mixtures and mixed RL prompt streams both work.
+Slime reaches it through the ``balanced_data_source`` hook of :mod:`aclarena_slime.slime_edge`, which
+builds the prompts with slime's own ``Dataset`` (exactly as slime builds them) and passes the run's
+settings in. The domain of a record is ``metadata[balance_key]`` when that is set (a recipe's
+``custom.aclarena_balance_key``), else ``metadata.domain``, else ``metadata.env`` (the env tag): SDFT
+mixtures and mixed RL prompt streams both work.
 
-Replay (the continual-learning baseline): ``args.aclarena_replay`` (:class:`ReplaySettings` as a mapping,
+Replay (the continual-learning baseline): a recipe's ``custom.aclarena_replay`` (:class:`ReplaySettings`,
 set by the curriculum) gives the stage's own domain ``1 - share`` of every batch and the earlier domains
 ``share``, split by ``rule`` (``uniform``: equally; ``size``: by their record counts); the earlier
 domains' prompts come from ``data`` (env tag -> their stages' prompt files). Unequal shares are drawn by
@@ -188,41 +188,40 @@ def domain_of(metadata: Any, key: str | None = None) -> str | None:
     return str(value) if value else None
 
 
-class BalancedDataSource:
-    """Slime's ``DataSource`` interface (``get_samples``, ``add_samples``, ``save``, ``load``, ``__len__``).
+class BalancedSource:
+    """Slime's ``DataSource`` interface (``get_samples``, ``add_samples``, ``save``, ``load``, ``__len__``)
+    over prompt samples already built; ``save_dir`` / ``load_dir`` are slime's ``--save`` / ``--load``."""
 
-    ``samples`` replaces reading ``args.prompt_data`` with slime's ``Dataset`` (tests, or callers that
-    build prompts themselves); slime itself passes ``args`` only.
-    """
-
-    def __init__(self, args: Any, *, samples: Sequence[Any] | None = None) -> None:
-        self.args = args
-        self.samples = list(samples) if samples is not None else _slime_dataset(args, args.prompt_data)
-        replay = getattr(args, "aclarena_replay", None)
-        replay = ReplaySettings(**replay) if isinstance(replay, Mapping) else None
-        if replay is not None and samples is None:  # the earlier domains' prompts, built as slime builds them
-            for path in replay.data.values():
-                self.samples += _slime_dataset(args, path)
-        key = getattr(args, "aclarena_balance_key", None)
+    def __init__(
+        self,
+        samples: Sequence[Any],
+        *,
+        samples_per_prompt: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        balance_key: str | None = None,
+        replay: ReplaySettings | None = None,
+        save_dir: str | None = None,
+        load_dir: str | None = None,
+        source_name: str = "the data",
+    ) -> None:
+        self.samples = list(samples)
+        self.samples_per_prompt = int(samples_per_prompt or 1)
+        self.save_dir, self.load_dir = save_dir, load_dir
         buckets: dict[str, list[int]] = {}
         for index, sample in enumerate(self.samples):
-            domain = domain_of(sample.metadata, key)
+            domain = domain_of(sample.metadata, balance_key)
             if domain is None:
-                wanted = f"metadata.{key}" if key else "metadata.domain or metadata.env"
-                raise ValueError(f"record {index} of {getattr(args, 'prompt_data', 'the data')} has no {wanted}")
+                wanted = f"metadata.{balance_key}" if balance_key else "metadata.domain or metadata.env"
+                raise ValueError(f"record {index} of {source_name} has no {wanted}")
             buckets.setdefault(domain, []).append(index)
         if not buckets:
-            raise ValueError(f"no records in {getattr(args, 'prompt_data', 'the data')}")
+            raise ValueError(f"no records in {source_name}")
         weights = None
         if replay is not None:
-            current = replay.current or domain_of(self.samples[0].metadata, key)
+            current = replay.current or domain_of(self.samples[0].metadata, balance_key)
             weights = replay_weights(current, {d: len(v) for d, v in buckets.items()}, replay.share, replay.rule)
-        self.balancer = DomainBalancer(
-            buckets,
-            seed=int(getattr(args, "rollout_seed", 0) or 0),
-            shuffle=bool(getattr(args, "rollout_shuffle", True)),
-            weights=weights,
-        )
+        self.balancer = DomainBalancer(buckets, seed=seed, shuffle=shuffle, weights=weights)
         self.buffer: list[list[Any]] = []
         self.sample_group_index = 0
         self.sample_index = 0
@@ -239,10 +238,9 @@ class BalancedDataSource:
         """``num_samples`` groups of ``n_samples_per_prompt`` copies; buffered (aborted) groups first."""
         groups = self.buffer[:num_samples]
         del self.buffer[: len(groups)]
-        per_prompt = int(getattr(self.args, "n_samples_per_prompt", 1) or 1)
         for index in self.balancer.draw(num_samples - len(groups)):
             group = []
-            for _ in range(per_prompt):
+            for _ in range(self.samples_per_prompt):
                 sample = copy.deepcopy(self.samples[index])
                 sample.group_index, sample.index = self.sample_group_index, self.sample_index
                 self.sample_index += 1
@@ -259,9 +257,9 @@ class BalancedDataSource:
             self.buffer.append(group)
 
     def save(self, rollout_id: int) -> None:
-        if not getattr(self.args, "save", None):
+        if not self.save_dir:
             return
-        path = Path(self.args.save) / STATE_FILE.format(rollout_id=rollout_id)
+        path = Path(self.save_dir) / STATE_FILE.format(rollout_id=rollout_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {
             "balancer": self.balancer.state_dict(),
@@ -273,9 +271,9 @@ class BalancedDataSource:
         tmp.replace(path)
 
     def load(self, rollout_id: int | None = None) -> None:
-        if not getattr(self.args, "load", None) or rollout_id is None:
+        if not self.load_dir or rollout_id is None:
             return
-        path = Path(self.args.load) / STATE_FILE.format(rollout_id=rollout_id)
+        path = Path(self.load_dir) / STATE_FILE.format(rollout_id=rollout_id)
         if not path.exists():
             log.info("no balanced data source state at %s; starting from the beginning", path)
             return
@@ -283,27 +281,3 @@ class BalancedDataSource:
         self.balancer.load_state_dict(state["balancer"])
         self.sample_group_index = int(state["sample_group_index"])
         self.sample_index = int(state["sample_index"])
-
-
-def _slime_dataset(args: Any, path: str) -> list[Any]:
-    """The prompt samples of ``path`` exactly as slime's own data source builds them (needs slime)."""
-    from slime.utils.data import Dataset
-    from slime.utils.processing_utils import load_processor, load_tokenizer
-
-    if not getattr(args, "rollout_global_dataset", True) or args.prompt_data is None:
-        raise ValueError("BalancedDataSource needs the global dataset (no --disable-rollout-global-dataset) and --prompt-data")
-    dataset = Dataset(
-        path,
-        tokenizer=load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
-        processor=load_processor(args.hf_checkpoint, trust_remote_code=True),
-        max_length=args.rollout_max_prompt_len,
-        prompt_key=args.input_key,
-        multimodal_keys=args.multimodal_keys,
-        label_key=args.label_key,
-        metadata_key=args.metadata_key,
-        tool_key=args.tool_key,
-        apply_chat_template=args.apply_chat_template,
-        apply_chat_template_kwargs=args.apply_chat_template_kwargs,
-        seed=args.rollout_seed,
-    )
-    return list(dataset.origin_samples)

@@ -1,26 +1,21 @@
-"""Multi-teacher on-policy distillation (MOPD): slime reward / post-process plugins that pick the teacher by env tag.
+"""Multi-teacher on-policy distillation (MOPD): the teacher that owns a sample's env tag scores its tokens.
 
-The student rolls out on a mixed prompt stream (``aclarena_slime.rollout.generate``); for each sample
-the teacher that owns its env tag scores the student's exact tokens, and slime's OPD
-(``--use-opd --opd-type sglang``) turns ``log p_student - log p_teacher`` into a per-token reverse-KL
-advantage. Point slime at::
+The student rolls out on a mixed prompt stream (the rollout's generate hook); for each sample the
+teacher of its env tag scores the student's exact tokens, and slime's OPD (``--use-opd --opd-type
+sglang``) turns ``log p_student - log p_teacher`` into a per-token reverse-KL advantage. Slime reaches
+this module through the ``mopd_reward`` and ``mopd_post_process`` hooks of :mod:`aclarena_slime.slime_edge`.
 
-    --custom-rm-path aclarena_slime.distill.mopd.teacher_log_probs_reward
-    --custom-reward-post-process-path aclarena_slime.distill.mopd.mopd_post_process
+Teachers are a recipe's ``custom.aclarena_mopd`` (:class:`MopdSettings`):
 
-Teachers (set on ``args`` through ``--custom-config-path``):
-
-- ``aclarena_mopd_teachers``: ``{tag: "http://host:port"}`` or ``{tag: {"url": ..., "lora_path": ...}}``
-  — one server (or router) per teacher;
-- ``aclarena_mopd_teacher_pool`` + ``aclarena_mopd_teacher_experts``: LoRA experts on one SGLang pool,
-  the adapter of a tag taken from an expert manifest (``experts.json`` path) or a ``{tag: adapter}``
-  mapping; requests carry ``lora_path``. Without ``aclarena_mopd_teacher_pool``, slime's ``--rm-url``
-  names the pool. A tag in ``aclarena_mopd_teachers`` wins over the pool.
-
-Optional: ``aclarena_mopd_task_reward`` (default false: the reward is 0.0, as the authors ran it —
-WillDreamer/ACLArena ``multi_teacher/opd_multi_teacher.py``; true: the env's own score, group-normalized
-by :func:`mopd_post_process`), ``aclarena_mopd_teacher_temperature`` (default slime's
-``--rollout-temperature``, as slime's own OPD ``reward_func``).
+- ``teachers``: ``{tag: "http://host:port"}`` or ``{tag: {"url": ..., "lora_path": ...}}`` — one server
+  (or router) per teacher;
+- ``teacher_pool`` + ``teacher_experts``: LoRA experts on one SGLang pool, the adapter of a tag taken
+  from an expert manifest (``experts.json`` path) or a ``{tag: adapter}`` mapping; requests carry
+  ``lora_path``. Without ``teacher_pool``, slime's ``--rm-url`` names the pool. A tag in ``teachers``
+  wins over the pool.
+- ``task_reward`` (default false: the reward is 0.0, as the authors ran it — WillDreamer/ACLArena
+  ``multi_teacher/opd_multi_teacher.py``; true: the env's own score, group-normalized);
+  ``teacher_temperature`` (default slime's ``--rollout-temperature``, as slime's own OPD ``reward_func``).
 
 A teacher that fails (unreachable, a 4xx such as a trajectory over its context length, an answer
 that does not line up with the tokens) never becomes a zero reward: the sample is marked ABORTED and
@@ -30,19 +25,14 @@ teacher at all is a configuration error and raises.
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aclarena_slime.experts import ExpertTable, UnknownExpert
-from aclarena_slime.group_rewards import normalized_rewards
-from aclarena_slime.rollout import RECORD_KEY, env_tag
-from aclarena_slime.rollout import reward as env_reward
+from aclarena_slime.rollout import RECORD_KEY
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
@@ -54,6 +44,17 @@ class TeacherConfigError(ValueError):
 
 class TeacherAnswerError(RuntimeError):
     """The teacher answered, but not with log-probs for exactly the sample's response tokens."""
+
+
+@dataclass
+class MopdSettings:
+    """A recipe's ``custom.aclarena_mopd`` (see the module docstring)."""
+
+    teachers: dict[str, Any] = field(default_factory=dict)  # tag -> url, or {url, lora_path}
+    teacher_pool: str | None = None
+    teacher_experts: Any = None  # experts.json path, or {tag: adapter}
+    task_reward: bool = False
+    teacher_temperature: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,35 +83,27 @@ class TeacherTable:
         raise TeacherConfigError(f"no MOPD teacher for env tag {tag!r}; teachers are configured for: {known}")
 
     @classmethod
-    def from_args(cls, args: Any) -> TeacherTable:
-        servers = getattr(args, "aclarena_mopd_teachers", None) or {}
-        experts = getattr(args, "aclarena_mopd_teacher_experts", None)
-        pool = getattr(args, "aclarena_mopd_teacher_pool", None) or getattr(args, "rm_url", None)
-        # JSON text as the cache key: the table is parsed once per configuration, not once per sample.
-        return _table(json.dumps(dict(servers), sort_keys=True), json.dumps(experts, sort_keys=True), pool)
-
-
-@functools.lru_cache(maxsize=16)
-def _table(servers_json: str, experts_json: str, pool: str | None) -> TeacherTable:
-    parsed: dict[str, Teacher] = {}
-    for tag, entry in json.loads(servers_json).items():
-        entry = entry if isinstance(entry, dict) else {"url": entry}
-        if not entry.get("url"):
-            raise TeacherConfigError(f"MOPD teacher for {tag!r} has no url")
-        parsed[tag] = Teacher(_base_url(str(entry["url"])), entry.get("lora_path"))
-    experts = json.loads(experts_json)
-    table = None
-    if isinstance(experts, dict):
-        table = ExpertTable.from_mapping(experts)
-    elif experts:
-        table = ExpertTable.load(str(experts))
-    if table is not None and not pool:
-        raise TeacherConfigError("aclarena_mopd_teacher_experts needs a pool: aclarena_mopd_teacher_pool or --rm-url")
-    if not parsed and table is None:
-        raise TeacherConfigError(
-            "MOPD needs teachers: aclarena_mopd_teachers, or aclarena_mopd_teacher_experts with a pool"
-        )
-    return TeacherTable(parsed, _base_url(pool) if pool else None, table)
+    def from_settings(cls, settings: MopdSettings, rm_url: str | None = None) -> TeacherTable:
+        """The table of ``settings``; slime's ``--rm-url`` is the pool when ``teacher_pool`` is unset."""
+        parsed: dict[str, Teacher] = {}
+        for tag, entry in settings.teachers.items():
+            entry = dict(entry) if isinstance(entry, Mapping) else {"url": entry}
+            if not entry.get("url"):
+                raise TeacherConfigError(f"MOPD teacher for {tag!r} has no url")
+            parsed[tag] = Teacher(_base_url(str(entry["url"])), entry.get("lora_path"))
+        experts, pool = settings.teacher_experts, settings.teacher_pool or rm_url
+        table = None
+        if isinstance(experts, Mapping):
+            table = ExpertTable.from_mapping(experts)
+        elif experts:
+            table = ExpertTable.load(str(experts))
+        if table is not None and not pool:
+            raise TeacherConfigError("aclarena_mopd.teacher_experts needs a pool: aclarena_mopd.teacher_pool or --rm-url")
+        if not parsed and table is None:
+            raise TeacherConfigError(
+                "MOPD needs teachers: aclarena_mopd.teachers, or aclarena_mopd.teacher_experts with a pool"
+            )
+        return cls(parsed, _base_url(pool) if pool else None, table)
 
 
 def _base_url(url: str) -> str:
@@ -118,28 +111,19 @@ def _base_url(url: str) -> str:
     return url[: -len("/generate")] if url.endswith("/generate") else url
 
 
-async def teacher_log_probs_reward(args: Any, sample: Any, **_: Any) -> float | list[float]:
-    """slime ``--custom-rm-path``: fill ``sample.teacher_log_probs``; return the task reward (default 0.0).
-
-    With ``--group-rm`` slime passes a list of samples and gets a list back. A sample whose teacher
-    failed is aborted and removed; its 0.0 is bookkeeping only (slime's rollout metrics round every
-    reward, so None would crash them) and :func:`mopd_post_process` leaves it out of its group's baseline.
-    """
-    if isinstance(sample, list):
-        return list(await asyncio.gather(*(teacher_log_probs_reward(args, one) for one in sample)))
-    teacher = TeacherTable.from_args(args).for_tag(env_tag(sample))
+async def fill_teacher_log_probs(client: SGLangClient, teacher: Teacher, sample: Any, temperature: float) -> bool:
+    """Set ``sample.teacher_log_probs`` from ``teacher`` (``client`` talks to its server); False when it
+    failed, in which case the sample is aborted and removed, with neutral log-probs."""
     try:
-        sample.teacher_log_probs = await score_response(teacher, sample, _temperature(args))
+        sample.teacher_log_probs = await score_response(client, teacher, sample, temperature)
     except (SGLangError, TeacherAnswerError) as exc:
         log.warning("MOPD teacher %s failed on sample %s; dropping it: %s", teacher.url, sample.index, exc)
         abort_sample(sample, f"teacher: {exc}")
-        return 0.0
-    if getattr(args, "aclarena_mopd_task_reward", False):
-        return await env_reward(args, sample)
-    return 0.0
+        return False
+    return True
 
 
-async def score_response(teacher: Teacher, sample: Any, temperature: float) -> list[float]:
+async def score_response(client: SGLangClient, teacher: Teacher, sample: Any, temperature: float) -> list[float]:
     """The teacher's log-prob of each response token of ``sample``: exactly ``response_length`` values.
 
     SGLang prefills ``input_ids`` with ``max_new_tokens: 0`` and returns ``meta_info.input_token_logprobs``
@@ -156,7 +140,7 @@ async def score_response(teacher: Teacher, sample: Any, temperature: float) -> l
         raise TeacherAnswerError(f"response_length {n} leaves no prompt in {len(tokens)} tokens")
     params = {"max_new_tokens": 0, "temperature": temperature, "skip_special_tokens": False}
     extra = {"logprob_start_len": len(tokens) - n - 1}
-    answer = await SGLangClient(teacher.url).generate(tokens, params, lora_path=teacher.lora_path, extra=extra)
+    answer = await client.generate(tokens, params, lora_path=teacher.lora_path, extra=extra)
     return response_log_probs(answer, tokens, n)
 
 
@@ -205,14 +189,12 @@ def neutral_log_probs(sample: Any) -> list[float]:
     return [0.0] * n
 
 
-def mopd_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[float], list[float]]:
-    """slime ``--custom-reward-post-process-path``: ``(raw_rewards, rewards)``, teacher log-probs guaranteed.
+def raw_rewards(samples: list[Any], reward_key: str | None = None) -> list[float]:
+    """The samples' rewards, teacher log-probs guaranteed.
 
     Samples that never reached the reward function (aborted during rollout) get neutral teacher
-    log-probs and ``remove_sample``, so slime's batch always has ``response_length`` values per sample.
-    Rewards are group-normalized as slime does for GRPO-style estimators, over the kept samples only
-    (a dropped sample must not shift its group's baseline); dropped samples get 0.0, and their loss
-    mask is zeroed by slime anyway.
+    log-probs and ``remove_sample``, so slime's batch always has ``response_length`` values per sample;
+    their reward counts as 0.0 (slime zeroes their loss mask anyway).
     """
     raw: list[float] = []
     for sample in samples:
@@ -221,13 +203,6 @@ def mopd_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[flo
             drop_sample(sample, "not scored by a teacher")
         value = sample.reward
         if isinstance(value, Mapping):
-            value = value.get(getattr(args, "reward_key", None) or "reward")
+            value = value.get(reward_key or "reward")
         raw.append(float(value) if isinstance(value, (int, float)) else 0.0)
-    return raw, normalized_rewards(args, samples, raw)
-
-
-def _temperature(args: Any) -> float:
-    value = getattr(args, "aclarena_mopd_teacher_temperature", None)
-    if value is None:
-        value = getattr(args, "rollout_temperature", 1.0)
-    return float(value)
+    return raw

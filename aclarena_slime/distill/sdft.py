@@ -7,8 +7,8 @@ Each kept episode becomes one slime SFT record::
 ``messages`` is the whole conversation as the rollout saw it (system/user prompt, every assistant
 turn verbatim, tool results and env observations), so slime's multi-turn loss mask
 (``--loss-mask-type qwen3``) trains the assistant turns only. ``tools`` (omitted when empty) is the
-schema list the chat template renders. ``metadata.domain`` is what :class:`BalancedDataSource`
-balances on; ``metadata.source_name`` makes slime log its metrics per domain.
+schema list the chat template renders. ``metadata.domain`` is what the balanced data source
+(:mod:`aclarena_slime.distill.balanced_source`) balances on; ``metadata.source_name`` makes slime log its metrics per domain.
 
 Kept means: a finished episode (status ``completed`` by default; ``statuses`` widens it, e.g. the
 authors' search warm start also keeps truncated ones), a reward ``>=`` its domain's threshold, at least
@@ -31,12 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.distill.balanced_source import BalancedDataSource
 from aclarena_slime.distill.dumps import DumpedEpisode
 from aclarena_slime.jsonl import write_jsonl_atomic
 
 __all__ = [
-    "BalancedDataSource",
     "DomainCounts",
     "MixtureError",
     "MixtureReport",

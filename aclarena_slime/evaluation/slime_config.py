@@ -18,9 +18,7 @@ from typing import Any
 import yaml
 
 from aclarena_slime.evaluation.suite import EvalSuite, SuiteError
-
-GENERATE_PATH = "aclarena_slime.rollout.generate"
-REWARD_PATH = "aclarena_slime.rollout.reward"
+from aclarena_slime.slime_edge import path as hook_path
 
 #: ``EvalDatasetConfig`` fields we emit (slime 624b824); a test holds the emitted keys to this list.
 SLIME_DATASET_KEYS = frozenset(
@@ -62,8 +60,8 @@ def slime_eval_config(suite: EvalSuite, data_root: str | Path | None = None) -> 
             "temperature": d.temperature,
             "top_p": d.top_p,
             "max_response_len": d.max_response_len,
-            "custom_generate_function_path": GENERATE_PATH,
-            "custom_rm_path": REWARD_PATH,
+            "custom_generate_function_path": hook_path("generate"),
+            "custom_rm_path": hook_path("reward"),
             "metadata_overrides": {"env": d.env},
         }
         if d.top_k is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -16,7 +17,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     ``max_response_len`` may (with a ``default``): the stage's env picks its own. An env without demos
     runs without the warm start, with a warning.
     """
-    if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and "aclarena_sft_filter" not in recipe.custom):
+    if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None):
         raise RecipeError(
             f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
             f"{recipe.name} is kind {recipe.kind!r}"
@@ -102,7 +103,7 @@ def run_local(recipe: StageRecipe) -> dict[str, Any]:
         from aclarena_slime.local.sft_stage import filter_settings, run_sft_stage
 
         try:
-            settings = filter_settings(recipe.custom.get("aclarena_sft_filter"))
+            settings = filter_settings(dataclasses.asdict(recipe.custom.aclarena_sft_filter))
         except ValueError as exc:
             raise RecipeError(f"custom.aclarena_sft_filter: {exc}") from exc
         metrics = run_sft_stage(cfg, settings, epochs=int(recipe.algorithm.extra.get("num_epoch") or 1))

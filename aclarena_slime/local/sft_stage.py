@@ -37,7 +37,8 @@ from aclarena_slime.local.stage import (
 )
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
 from aclarena_slime.registry import get_environment
-from aclarena_slime.sglang_client import SGLangClient, close_sessions
+from aclarena_slime.sglang_client import SGLangClient
+from aclarena_slime.slime_edge.rollout import close_context
 
 FILTER_KEYS = ("min_reward", "statuses", "max_tokens")
 
@@ -79,7 +80,7 @@ async def _run(cfg: LocalStageConfig, settings: MixtureSettings, epochs: int) ->
             finally:
                 await env.aclose()
     finally:
-        await close_sessions()
+        await close_context()
     result.update(model_dir=str(model_dir), adapter_dir=str(adapter_dir), seconds=round(time.monotonic() - started, 2))
     write_json_atomic(cfg.metrics_path, result)
     return result

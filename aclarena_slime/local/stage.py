@@ -1,7 +1,7 @@
 """One RL stage on the local backend: engine up, rollouts through the real rollout functions, LoRA steps.
 
 :func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU. The rollouts
-go through :func:`aclarena_slime.rollout.generate` and :func:`~aclarena_slime.rollout.reward` over HTTP,
+go through :func:`aclarena_slime.slime_edge.rollout.generate` and :func:`~aclarena_slime.slime_edge.rollout.reward` over HTTP,
 exactly as slime calls them, against the embedded engine; after each step the adapter is exported
 and the engine reloads it. Output folder::
 
@@ -35,7 +35,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from aclarena_slime import rollout
 from aclarena_slime.curriculum.replay import local_replay
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.jsonl import write_json_atomic
@@ -47,7 +46,9 @@ from aclarena_slime.local.records import Sample, demo_records, new_sample, read_
 from aclarena_slime.local.sft import SftSettings, warm_start
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
 from aclarena_slime.registry import get_environment
-from aclarena_slime.sglang_client import SGLangClient, close_sessions
+from aclarena_slime.rollout import load_chat_tokens
+from aclarena_slime.sglang_client import SGLangClient
+from aclarena_slime.slime_edge.rollout import close_context, generate, reward
 
 EVAL_SEED_OFFSET = 10_007  # demo evaluation records come from another seed than the training ones
 
@@ -90,7 +91,7 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
             finally:
                 await env.aclose()  # its own clients (a user simulator) reopen if the env is used again
     finally:
-        await close_sessions()
+        await close_context()  # the rollouts' envs and HTTP session
     if warm is not None:
         result["eval_warm_start"] = result["eval_before"]
         result["eval_before"] = warm.pop("eval_before")
@@ -272,7 +273,7 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
                 args = rollout_args(url, model_dir, cfg, env_config, None)
                 before = await evaluate(args, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
                 progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
-                chat = rollout.chat_tokens(str(model_dir))
+                chat = load_chat_tokens(str(model_dir))
                 best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
                 examples, replay = await demo_examples(
                     env,
@@ -286,7 +287,7 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
                 progress.advance(task)
         finally:
             await env.aclose()
-        await close_sessions()
+        await close_context()
     if not examples:
         raise LocalStageError(
             f"no gold demo trajectory of {cfg.warm_start_demos} scored at least {best} within "
@@ -347,9 +348,9 @@ async def evaluate(
 async def _one(args: Any, sample: Sample, params: dict[str, Any], seed: int) -> None:
     # A seed per sample keeps runs reproducible whatever order the engine serves requests in.
     params = {**params, "sampling_seed": seed * 1_000_003 + int(sample.index or 0)}
-    await rollout.generate(args, sample, params)
+    await generate(args, sample, params)
     if sample.usable:
-        sample.reward = await rollout.reward(args, sample)
+        sample.reward = await reward(args, sample)
 
 
 async def _gather(samples: list[Sample], fn: Callable[[Sample], Awaitable[None]], limit: asyncio.Semaphore) -> None:

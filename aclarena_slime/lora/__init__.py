@@ -1,6 +1,7 @@
 """Frozen-backbone LoRA for slime's Megatron actor: adapters, PEFT export, adapter-only sync to SGLang.
 
-Slime hooks (dotted paths for slime's command line) live in :mod:`aclarena_slime.lora.provider`.
+Slime's hooks for it (model provider, Megatron init, the adapter-only weight updater) live in
+:mod:`aclarena_slime.slime_edge.lora`.
 The names below are imported on first use, so reading :mod:`aclarena_slime.lora.config` (plain
 settings) does not load torch and aiohttp — the CLI's start-up time depends on it.
 """

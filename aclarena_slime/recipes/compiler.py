@@ -6,8 +6,10 @@ values). Every flag is checked against ``known_flags.txt``; a flag declared twic
 Settings that slime has no flag for travel in the custom-config YAML, which slime turns into
 attributes of ``args``: ``aclarena_env_config`` ({tag: env settings}), ``aclarena_experts``
 ({tag: adapter}; a LoRA stage adds its own adapter for the data's env, so rollouts sample from the
-adapter being trained) and ``aclarena_lora`` (the LoRA actor's settings, validated by
-:class:`aclarena_slime.lora.config.LoraConfig`).
+adapter being trained), ``aclarena_lora`` (the LoRA actor's settings, validated by
+:class:`aclarena_slime.lora.config.LoraConfig`) and the typed sections of the recipe's ``custom:``
+(:class:`aclarena_slime.slime_edge.custom.CustomConfig`). A dotted path of ours must be a hook of
+:data:`aclarena_slime.slime_edge.HOOKS` for the flag it is given to.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraCo
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.flags import check_flags
 from aclarena_slime.recipes.schema import StageRecipe
+from aclarena_slime.slime_edge import HOOKS
+from aclarena_slime.slime_edge import path as hook_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-LORA_PROVIDER = "aclarena_slime.lora.provider.model_provider"
-LORA_INIT = "aclarena_slime.lora.provider.megatron_init"
+OUR_PACKAGE = "aclarena_slime."
 CUSTOM_CONFIG_NAME = "custom_config.yaml"
 
 
@@ -94,6 +97,7 @@ class _Flags:
 
     def argv(self) -> list[str]:
         check_flags((flag, origin) for flag, _, origin in self.items)
+        _check_hooks(self.items)
         out: list[str] = []
         for flag, value, _ in self.items:
             out.append(flag)
@@ -152,12 +156,7 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
                 f"{lora['adapter_name']!r} for that env"
             )
         experts[recipe.data.env] = lora["adapter_name"]
-    for key, value in recipe.custom.items():
-        if not key.startswith("aclarena_") or key in custom:
-            raise RecipeError(
-                f"custom.{key}: custom-config keys start with 'aclarena_' and do not repeat built-in ones"
-            )
-        custom[key] = value
+    custom.update(recipe.custom.to_custom_config())
     return SlimeCommand(
         train_args=flags.argv(),
         custom_config=custom,
@@ -211,7 +210,7 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
         config = LoraConfig.from_mapping(values)
     except LoraConfigError as exc:
         raise RecipeError(f"lora: {exc}") from exc
-    # The provider refuses both at run time (aclarena_slime.lora.provider.check_args): say so before launching.
+    # The megatron-init hook refuses both at run time (aclarena_slime.slime_edge.lora.check_args): say so first.
     for flag, why in (
         ("--sequence-parallel", "the adapters do not support it"),
         ("--save-hf", "its output is the PEFT adapter"),
@@ -219,9 +218,9 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
         if flag in flags.origins:
             raise RecipeError(f"lora: {flags.origins[flag]} sets {flag}, which a LoRA stage refuses ({why}); drop it")
     _refuse_hf_load(recipe)
-    # Hook paths and the trainable-parameter pattern as aclarena_slime/lora/provider.py documents them.
-    flags.add("custom_model_provider_path", LORA_PROVIDER, "lora.enabled")
-    flags.add("custom_megatron_init_path", LORA_INIT, "lora.enabled")
+    # Hook paths and the trainable-parameter pattern as aclarena_slime/slime_edge/lora.py documents them.
+    flags.add("custom_model_provider_path", hook_path("lora_model_provider"), "lora.enabled")
+    flags.add("custom_megatron_init_path", hook_path("lora_megatron_init"), "lora.enabled")
     flags.add("only_train_params_name_list", [ADAPTER_PARAM_PATTERN], "lora.enabled")
     flags.add("dist_ckpt_strictness", "log_unexpected", "lora.enabled")  # a backbone checkpoint has no adapter keys
     flags.add("--sglang-enable-lora", True, "lora.enabled")
@@ -235,6 +234,16 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     out = config.to_dict()
     out["target_modules"] = list(config.target_modules)
     return out
+
+
+def _check_hooks(items: list[tuple[str, Any, str]]) -> None:
+    """Every dotted path of ours on the command line is a hook of the table, given to that hook's flag."""
+    hooks = {(hook.flag, hook.path) for hook in HOOKS}
+    for flag, value, origin in items:
+        for dotted in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(dotted, str) and dotted.startswith(OUR_PACKAGE) and (flag, dotted) not in hooks:
+                known = ", ".join(hook.path for hook in HOOKS if hook.flag == flag) or "none"
+                raise RecipeError(f"{origin}: {dotted} is not a slime hook of ours for {flag} (known: {known})")
 
 
 def is_megatron_checkpoint(path: str | Path) -> bool:

@@ -99,9 +99,11 @@ def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
     if head == "tis":
         if "--use-tis" not in command.train_args:
             return None
-        from aclarena_slime.tis import TisSettings
+        from types import SimpleNamespace
 
-        return getattr(TisSettings.from_mapping(command.custom_config.get("aclarena_tis")), rest)
+        from aclarena_slime.slime_edge import custom  # what the TIS hook reads from slime's args
+
+        return getattr(custom.tis(SimpleNamespace(**command.custom_config)), rest)
     if head == "recipe":
         value: Any = recipe
         for part in rest.split("."):

@@ -14,6 +14,9 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from aclarena_slime.slime_edge import path as hook_path
+from aclarena_slime.slime_edge.custom import CustomConfig
+
 BACKENDS = ("auto", "slime", "local")
 KINDS = ("rl", "sft", "mopd")
 
@@ -177,10 +180,11 @@ class CheckpointConfig:
 
 @dataclass
 class PluginsConfig:
-    """Dotted paths slime loads (``module.attr`` form, never ``module:attr``)."""
+    """Dotted paths slime loads (``module.attr`` form, never ``module:attr``); ours are the hooks of
+    :data:`aclarena_slime.slime_edge.HOOKS`, which the compiler holds each flag to."""
 
-    custom_generate_function_path: str | None = "aclarena_slime.rollout.generate"
-    custom_rm_path: str | None = "aclarena_slime.rollout.reward"
+    custom_generate_function_path: str | None = hook_path("generate")
+    custom_rm_path: str | None = hook_path("reward")
     rollout_function_path: str | None = None
     data_source_path: str | None = None
     custom_reward_post_process_path: str | None = None
@@ -203,7 +207,7 @@ class StageRecipe:
     services: dict[str, ServiceConfig] = field(default_factory=dict)  # started by the launcher
     experts: dict[str, str] = field(default_factory=dict)  # env tag -> adapter, for aclarena_experts
     extra: dict[str, Any] = field(default_factory=dict)  # stage-specific flags (SDFT's SFT loss, OPD)
-    custom: dict[str, Any] = field(default_factory=dict)  # further aclarena_* attributes for the custom config
+    custom: CustomConfig = field(default_factory=CustomConfig)  # typed aclarena_* sections of the custom config
     notes: str = ""  # why this stage exists; printed by --dry-run
 
     @property

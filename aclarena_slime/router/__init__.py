@@ -6,7 +6,7 @@
   keep-alive client for the proxy path;
 - :mod:`.classifier` and :mod:`.tag_prompts`: the optional tag-free expert choice and its data.
 
-At rollout time no gateway is needed: :func:`aclarena_slime.rollout.generate` sets ``lora_path`` per
+At rollout time no gateway is needed: :func:`aclarena_slime.slime_edge.rollout.generate` sets ``lora_path`` per
 request from the sample's tag, so one engine pool serves every expert in mixed batches.
 """
 

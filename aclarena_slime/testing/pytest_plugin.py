@@ -46,16 +46,17 @@ def tiny_tokenizer(tiny_checkpoint: Path):
 if pytest_asyncio is not None:
 
     @pytest_asyncio.fixture(autouse=True)
-    async def _close_sglang_sessions():
-        """Each test has its own event loop: close the client session made on it.
+    async def _close_rollout_context():
+        """Each test has its own event loop: close the rollout context a test's generate / reward calls built on it
+        (its envs' ``aclose`` and its HTTP session), as slime's process does at exit.
 
         ``pytest_asyncio.fixture``, not ``pytest.fixture``: in pytest-asyncio's strict mode (a plugin
         author's default) a plain-decorated async fixture is never awaited and breaks every test.
         """
         yield
-        from aclarena_slime.sglang_client import close_sessions
+        from aclarena_slime.slime_edge.rollout import close_context
 
-        await close_sessions()
+        await close_context()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -29,8 +29,8 @@ def make_args(hf_checkpoint: str, host: str, port: int, **overrides: Any) -> Sim
 def make_slime_args(hf_checkpoint: str, host: str, port: int, **overrides: Any) -> SimpleNamespace:
     """:func:`make_args` plus what slime's own ``generate_and_rm`` reads, for tests against real slime."""
     slime_defaults: dict[str, Any] = dict(
-        custom_generate_function_path="aclarena_slime.rollout.generate",
-        custom_rm_path="aclarena_slime.rollout.reward",
+        custom_generate_function_path="aclarena_slime.slime_edge.rollout.generate",
+        custom_rm_path="aclarena_slime.slime_edge.rollout.reward",
         partial_rollout=False,
         mask_offpolicy_in_partial_rollout=False,
         group_rm=False,

@@ -40,18 +40,18 @@ def _run_fake(name: str, tmp_path: Path, cluster: str, *extra: str) -> FakeRunne
 def test_replay_compiles_for_the_cluster_profiles(tmp_path: Path, cluster: str):
     runner = _run_fake("replay", tmp_path, cluster)
     first, _, third, fourth = runner.recipes
-    assert first.plugins.data_source_path is None and "aclarena_replay" not in first.custom
-    replay = third.custom["aclarena_replay"]
-    assert replay["current"] == "retail" and replay["share"] == 0.25 and replay["rule"] == "uniform"
+    assert first.plugins.data_source_path is None and first.custom.aclarena_replay is None
+    replay = third.custom.aclarena_replay
+    assert replay.current == "retail" and replay.share == 0.25 and replay.rule == "uniform"
     data = tmp_path / "data"
-    assert replay["data"] == {"math": f"{data}/math/train.jsonl", "search": f"{data}/search/train.jsonl"}
-    assert set(fourth.custom["aclarena_replay"]["data"]) == {"math", "search", "retail"}
+    assert replay.data == {"math": f"{data}/math/train.jsonl", "search": f"{data}/search/train.jsonl"}
+    assert set(fourth.custom.aclarena_replay.data) == {"math", "search", "retail"}
     # every replayed env can run in the stage: its settings and its services (the retriever) came along
     assert set(third.env_config) == {"math", "search", "retail"} and set(third.services) == {"retriever", "user_sim"}
     command = compile_recipe(third)
     argv = command.train_args
     assert argv[argv.index("--data-source-path") + 1] == DATA_SOURCE
-    assert command.custom_config["aclarena_replay"] == replay
+    assert command.custom_config["aclarena_replay"] == replay.to_dict()
     assert set(command.custom_config["aclarena_env_config"]) == {"math", "search", "retail"}
     assert third.cluster.name == cluster
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 
-from aclarena_slime.distill.balanced_source import BalancedDataSource, DomainBalancer
+from aclarena_slime.distill.balanced_source import BalancedSource, DomainBalancer, ReplaySettings
 from aclarena_slime.distill.dumps import episode_from_record
 from aclarena_slime.distill.sdft import MixtureSettings, build_mixture
 from aclarena_slime.testing.samples import FakeSample
@@ -15,13 +14,12 @@ from aclarena_slime.testing.samples import FakeSample
 SIZES = {"math": 40, "search": 13, "tau": 3}
 
 
-def _args(tmp_path=None, **kw):
-    args = SimpleNamespace(n_samples_per_prompt=1, rollout_shuffle=True, rollout_seed=7, save=None, load=None)
-    if tmp_path is not None:
-        args.save = args.load = str(tmp_path)
-    for key, value in kw.items():
-        setattr(args, key, value)
-    return args
+def _source(samples, tmp_path=None, **kw) -> BalancedSource:
+    """The source as slime's run would set it up (seed 7, shuffled), resuming from ``tmp_path`` when given."""
+    if isinstance(kw.get("replay"), dict):
+        kw["replay"] = ReplaySettings(**kw["replay"])
+    folder = str(tmp_path) if tmp_path is not None else None
+    return BalancedSource(samples, seed=7, shuffle=True, save_dir=folder, load_dir=folder, **kw)
 
 
 def _mixture_samples(make_sample):
@@ -41,7 +39,7 @@ def _domains(groups):
 
 
 def test_every_batch_draws_equally_from_every_domain(make_sample):
-    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    source = _source(_mixture_samples(make_sample))
     assert len(source) == 40 * 3  # one epoch = one pass over the largest domain
     for _ in range(10):
         batch = _domains(source.get_samples(12))
@@ -50,7 +48,7 @@ def test_every_batch_draws_equally_from_every_domain(make_sample):
 
 
 def test_remainders_rotate_so_long_runs_are_even(make_sample):
-    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    source = _source(_mixture_samples(make_sample))
     shares = [Counter(_domains(source.get_samples(10))) for _ in range(3)]
     for share in shares:
         assert sorted(share.values()) == [3, 3, 4]
@@ -58,7 +56,7 @@ def test_remainders_rotate_so_long_runs_are_even(make_sample):
 
 
 def test_small_domains_cycle_through_every_record_before_repeating(make_sample):
-    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    source = _source(_mixture_samples(make_sample))
     tau = [g[0].prompt[0]["content"] for g in source.get_samples(30) if g[0].metadata["domain"] == "tau"]
     assert len(tau) == 10
     for start in (0, 3, 6):
@@ -69,7 +67,7 @@ def test_small_domains_cycle_through_every_record_before_repeating(make_sample):
 
 
 def test_groups_are_independent_copies_with_running_indices(make_sample):
-    source = BalancedDataSource(_args(n_samples_per_prompt=4), samples=_mixture_samples(make_sample))
+    source = _source(_mixture_samples(make_sample), samples_per_prompt=4)
     groups = source.get_samples(3)
     assert [len(g) for g in groups] == [4, 4, 4]
     assert [s.index for g in groups for s in g] == list(range(12))
@@ -81,28 +79,28 @@ def test_groups_are_independent_copies_with_running_indices(make_sample):
 
 def test_save_and_load_resume_the_exact_sequence(tmp_path, make_sample):
     samples = _mixture_samples(make_sample)
-    first = BalancedDataSource(_args(tmp_path), samples=samples)
+    first = _source(samples, tmp_path)
     for _ in range(7):
         first.get_samples(10)
     first.save(6)
     expected = [[s.prompt[0]["content"] for g in first.get_samples(10) for s in g] for _ in range(3)]
 
-    resumed = BalancedDataSource(_args(tmp_path), samples=samples)
+    resumed = _source(samples, tmp_path)
     resumed.load(6)
     got = [[s.prompt[0]["content"] for g in resumed.get_samples(10) for s in g] for _ in range(3)]
     assert got == expected
     assert resumed.sample_index == first.sample_index
 
-    fresh = BalancedDataSource(_args(tmp_path), samples=samples)
+    fresh = _source(samples, tmp_path)
     fresh.load(99)  # no state saved for that rollout: starts from the beginning
     assert fresh.sample_index == 0
-    changed = BalancedDataSource(_args(tmp_path), samples=samples[:-1])
+    changed = _source(samples[:-1], tmp_path)
     with pytest.raises(ValueError, match="saved balancer state is for domains"):
         changed.load(6)
 
 
 def test_buffered_groups_come_first(make_sample):
-    source = BalancedDataSource(_args(), samples=_mixture_samples(make_sample))
+    source = _source(_mixture_samples(make_sample))
     aborted = source.get_samples(2)
     source.add_samples(aborted)
     again = source.get_samples(5)
@@ -113,14 +111,14 @@ def test_buffered_groups_come_first(make_sample):
 
 def test_domain_key_falls_back_to_env_tag_and_missing_tags_are_errors():
     prompts = [FakeSample(prompt=f"p{i}", metadata={"env": "math" if i % 2 else "search"}) for i in range(6)]
-    source = BalancedDataSource(_args(), samples=prompts)
+    source = _source(prompts)
     assert Counter(_domains_env(source.get_samples(4))) == {"math": 2, "search": 2}
     keyed = [FakeSample(prompt="p", metadata={"data_source": "if", "env": "ifeval"})]
-    assert _domains_env(BalancedDataSource(_args(aclarena_balance_key="data_source"), samples=keyed).get_samples(1))
+    assert _domains_env(_source(keyed, balance_key="data_source").get_samples(1))
     with pytest.raises(ValueError, match="record 1 of .* has no metadata.domain or metadata.env"):
-        BalancedDataSource(_args(), samples=[prompts[0], FakeSample(prompt="x", metadata={})])
+        _source([prompts[0], FakeSample(prompt="x", metadata={})])
     with pytest.raises(ValueError, match="no metadata.data_source"):
-        BalancedDataSource(_args(aclarena_balance_key="data_source"), samples=prompts)
+        _source(prompts, balance_key="data_source")
 
 
 def _domains_env(groups):
@@ -149,7 +147,7 @@ def test_replay_weights_split_the_share_over_earlier_domains():
 
 def test_replay_source_keeps_each_domain_within_one_record_of_its_share(make_sample):
     replay = {"enabled": True, "share": 0.25, "rule": "uniform", "current": "math"}
-    source = BalancedDataSource(_args(aclarena_replay=replay), samples=_mixture_samples(make_sample))
+    source = _source(_mixture_samples(make_sample), replay=replay)
     totals: Counter = Counter()
     for n in (7, 8, 5, 12, 9, 3, 16):
         totals += Counter(_domains(source.get_samples(n)))
@@ -162,11 +160,11 @@ def test_replay_source_keeps_each_domain_within_one_record_of_its_share(make_sam
 def test_replay_draws_resume_exactly(tmp_path, make_sample):
     replay = {"enabled": True, "share": 0.4, "rule": "size", "current": "search"}
     samples = _mixture_samples(make_sample)
-    first = BalancedDataSource(_args(tmp_path, aclarena_replay=replay), samples=samples)
+    first = _source(samples, tmp_path, replay=replay)
     first.get_samples(11)
     first.save(3)
     expected = _domains(first.get_samples(13))
-    second = BalancedDataSource(_args(tmp_path, aclarena_replay=replay), samples=samples)
+    second = _source(samples, tmp_path, replay=replay)
     second.load(3)
     assert _domains(second.get_samples(13)) == expected
 

@@ -6,13 +6,9 @@ import json
 
 import pytest
 
-from aclarena_slime.distill.mopd import (
-    TeacherConfigError,
-    mopd_post_process,
-    response_log_probs,
-    teacher_log_probs_reward,
-)
-from aclarena_slime.rollout import generate
+from aclarena_slime.distill.mopd import TeacherConfigError, response_log_probs
+from aclarena_slime.slime_edge.mopd import mopd_post_process, teacher_log_probs_reward
+from aclarena_slime.slime_edge.rollout import generate
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
 
@@ -87,8 +83,13 @@ def _expected(sample, bias):
     return [teacher_logprob(bias, tokens[p], p) for p in range(len(tokens) - n, len(tokens))]
 
 
+MOPD_KEYS = ("teachers", "teacher_pool", "teacher_experts", "task_reward", "teacher_temperature")
+
+
 def _mopd_args(ckpt, **kw):
-    return make_args(ckpt, "127.0.0.1", 1, rollout_temperature=0.8, **kw)
+    """slime's args with ``aclarena_mopd`` (the recipe's ``custom.aclarena_mopd``) made of the MOPD keys of ``kw``."""
+    mopd = {key: kw.pop(key) for key in MOPD_KEYS if key in kw}
+    return make_args(ckpt, "127.0.0.1", 1, rollout_temperature=0.8, aclarena_mopd=mopd, **kw)
 
 
 async def test_each_sample_is_scored_by_the_teacher_of_its_env_tag(tiny_checkpoint, tiny_tokenizer):
@@ -96,7 +97,7 @@ async def test_each_sample_is_scored_by_the_teacher_of_its_env_tag(tiny_checkpoi
     assert 0 in mock_sample.loss_mask  # the mock episode has an observation inside its response
     async with FakeTeacher(tiny_tokenizer, {None: 1.0}) as math_t, FakeTeacher(tiny_tokenizer, {None: 2.0}) as mock_t:
         teachers = {"math": math_t.url, "mock": {"url": f"{mock_t.url}/generate"}}
-        args = _mopd_args(tiny_checkpoint, aclarena_mopd_teachers=teachers)
+        args = _mopd_args(tiny_checkpoint, teachers=teachers)
         rewards = [await teacher_log_probs_reward(args, s) for s in (math_sample, mock_sample)]
     assert rewards == [0.0, 0.0]  # pure distillation, as the authors ran it
     for sample, teacher, bias in ((math_sample, math_t, 1.0), (mock_sample, mock_t, 2.0)):
@@ -121,7 +122,7 @@ async def test_lora_experts_on_one_pool_pick_the_adapter_by_tag(tiny_checkpoint,
     async with FakeTeacher(tiny_tokenizer, {"math_v1": 3.0, "mock_v2": 4.0}) as pool:
         for experts in (str(manifest), full, {"math": "math_v1", "mock": "mock_v2"}):
             # the pool may come from slime's own --rm-url (single-teacher OPD's flag)
-            args = _mopd_args(tiny_checkpoint, aclarena_mopd_teacher_experts=experts, rm_url=f"{pool.url}/generate")
+            args = _mopd_args(tiny_checkpoint, teacher_experts=experts, rm_url=f"{pool.url}/generate")
             for sample in samples:
                 assert await teacher_log_probs_reward(args, sample) == 0.0
     assert [r["lora_path"] for r in pool.requests] == ["math_v1", "mock_v2"] * 3
@@ -134,9 +135,9 @@ async def test_separate_teacher_overrides_the_pool_and_group_rm_takes_lists(tiny
     async with FakeTeacher(tiny_tokenizer, {"m": 1.0}) as pool, FakeTeacher(tiny_tokenizer, {None: 5.0}) as own:
         args = _mopd_args(
             tiny_checkpoint,
-            aclarena_mopd_teacher_pool=pool.url,
-            aclarena_mopd_teacher_experts={"math": "m", "mock": "m"},
-            aclarena_mopd_teachers={"mock": own.url},
+            teacher_pool=pool.url,
+            teacher_experts={"math": "m", "mock": "m"},
+            teachers={"mock": own.url},
         )
         assert await teacher_log_probs_reward(args, samples) == [0.0, 0.0]
     assert len(pool.requests) == 1 and len(own.requests) == 1
@@ -153,7 +154,7 @@ async def test_teacher_errors_abort_the_sample_instead_of_scoring_it(tiny_checkp
         teachers = {"math": {"url": teacher.url, "lora_path": "math"}}
         if corrupt == "adapter_missing":
             teacher.adapters["other"] = "/x"  # the fake answers 400 for an adapter it has not loaded
-        args = _mopd_args(tiny_checkpoint, aclarena_mopd_teachers=teachers, aclarena_mopd_task_reward=True)
+        args = _mopd_args(tiny_checkpoint, teachers=teachers, task_reward=True)
         value = await teacher_log_probs_reward(args, sample)
     assert sample.status is S.ABORTED and sample.remove_sample
     assert value == 0.0  # bookkeeping only: the sample is out of training, not a zero-reward sample
@@ -168,8 +169,8 @@ async def test_task_reward_is_optional(tiny_checkpoint, tiny_tokenizer):
     async with FakeTeacher(tiny_tokenizer, {None: 1.0}) as teacher:
         args = _mopd_args(
             tiny_checkpoint,
-            aclarena_mopd_teachers={"math": teacher.url, "mock": teacher.url},
-            aclarena_mopd_task_reward=True,
+            teachers={"math": teacher.url, "mock": teacher.url},
+            task_reward=True,
         )
         assert await teacher_log_probs_reward(args, math_sample) == 1.0
         assert await teacher_log_probs_reward(args, mock_sample) == pytest.approx(0.9)  # second guess
@@ -179,12 +180,12 @@ async def test_unknown_tag_and_missing_teachers_are_configuration_errors(tiny_ch
     (sample,) = await _student_samples(tiny_checkpoint, tiny_tokenizer, tags=("math",))
     with pytest.raises(TeacherConfigError, match="no MOPD teacher for env tag 'math'.*search"):
         await teacher_log_probs_reward(
-            _mopd_args(tiny_checkpoint, aclarena_mopd_teachers={"search": "http://x:1"}), sample
+            _mopd_args(tiny_checkpoint, teachers={"search": "http://x:1"}), sample
         )
     with pytest.raises(TeacherConfigError, match="MOPD needs teachers"):
         await teacher_log_probs_reward(_mopd_args(tiny_checkpoint), sample)
     with pytest.raises(TeacherConfigError, match="needs a pool"):
-        await teacher_log_probs_reward(_mopd_args(tiny_checkpoint, aclarena_mopd_teacher_experts={"math": "a"}), sample)
+        await teacher_log_probs_reward(_mopd_args(tiny_checkpoint, teacher_experts={"math": "a"}), sample)
     assert sample.teacher_log_probs is None and sample.status is S.COMPLETED
 
 

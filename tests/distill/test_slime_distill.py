@@ -21,11 +21,11 @@ pytestmark = pytest.mark.slime
 def test_slime_loader_finds_the_plugins():
     from slime.utils.misc import load_function
 
-    from aclarena_slime.distill import mopd, sdft
+    from aclarena_slime.slime_edge import data_source, mopd, path
 
-    assert load_function("aclarena_slime.distill.sdft.BalancedDataSource") is sdft.BalancedDataSource
-    assert load_function("aclarena_slime.distill.mopd.teacher_log_probs_reward") is mopd.teacher_log_probs_reward
-    assert load_function("aclarena_slime.distill.mopd.mopd_post_process") is mopd.mopd_post_process
+    assert load_function(path("balanced_data_source")) is data_source.BalancedDataSource
+    assert load_function(path("mopd_reward")) is mopd.teacher_log_probs_reward
+    assert load_function(path("mopd_post_process")) is mopd.mopd_post_process
 
 
 def _sft_args(ckpt, data):
@@ -54,7 +54,7 @@ def _sft_args(ckpt, data):
 def test_mixture_through_slime_dataset_and_sft_rollout(tmp_path, tiny_checkpoint, tiny_tokenizer, make_sample):
     import slime.rollout.sft_rollout as sft_rollout
 
-    from aclarena_slime.distill.sdft import BalancedDataSource
+    from aclarena_slime.slime_edge.data_source import BalancedDataSource
 
     sizes = {"math": 9, "retail": 2, "search": 4}
     episodes = [
@@ -84,7 +84,7 @@ async def test_mopd_reward_inside_slime_generate_and_rm(tiny_checkpoint, tiny_to
     from slime.rollout.sglang_rollout import generate_and_rm
     from slime.utils.types import Sample
 
-    from aclarena_slime.distill.mopd import mopd_post_process
+    from aclarena_slime.slime_edge.mopd import mopd_post_process
     from aclarena_slime.testing.fake_sglang import FakeSGLang
     from aclarena_slime.testing.samples import make_slime_args
 
@@ -96,8 +96,8 @@ async def test_mopd_reward_inside_slime_generate_and_rm(tiny_checkpoint, tiny_to
                 tiny_checkpoint,
                 student.host,
                 student.port,
-                custom_rm_path="aclarena_slime.distill.mopd.teacher_log_probs_reward",
-                aclarena_mopd_teachers={"mock": teacher.url},
+                custom_rm_path="aclarena_slime.slime_edge.mopd.teacher_log_probs_reward",
+                aclarena_mopd={"teachers": {"mock": teacher.url}},
                 advantage_estimator="grpo",
                 rewards_normalization=True,
                 grpo_std_normalization=True,

@@ -11,7 +11,7 @@ from aclarena_slime.evaluation import RunSettings, load_experts, parse_suite, ru
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.sglang_client import SGLangClient, close_sessions, output_tokens
+from aclarena_slime.sglang_client import SGLangClient, output_tokens
 from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0}
@@ -72,24 +72,21 @@ async def test_each_domain_is_answered_by_its_expert(model_dir, tmp_path, one_th
     )
     experts = ExpertTable.load(root / "experts.json")
     engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=0), served_name="tiny")
-    try:
-        async with engine.serve() as url:
-            client = SGLangClient(url)
-            assert sorted(await load_experts(client, experts)) == ["math-expert", "mock-expert"]
-            summary = await run_suite(suite, client, engine.model.tokenizer, RunSettings(root / "out", root), experts)
-            lines = {
-                name: json.loads((root / "out" / "samples" / f"{name}.jsonl").read_text().splitlines()[0])
-                for name in ("arith", "guess")
-            }
-            # The same prompt, greedily, under each adapter and the base: only the routed one reproduces the eval.
-            answers = {}
-            for name, line in lines.items():
-                for adapter in (None, "math-expert", "mock-expert"):
-                    params = {**GREEDY, "max_new_tokens": line["response_tokens"]}
-                    out = await client.generate(line["prompt_ids"], params, lora_path=adapter)
-                    answers[name, adapter] = output_tokens(out)[0]
-    finally:
-        await close_sessions()
+    async with engine.serve() as url:
+        client = SGLangClient(url)
+        assert sorted(await load_experts(client, experts)) == ["math-expert", "mock-expert"]
+        summary = await run_suite(suite, client, engine.model.tokenizer, RunSettings(root / "out", root), experts)
+        lines = {
+            name: json.loads((root / "out" / "samples" / f"{name}.jsonl").read_text().splitlines()[0])
+            for name in ("arith", "guess")
+        }
+        # The same prompt, greedily, under each adapter and the base: only the routed one reproduces the eval.
+        answers = {}
+        for name, line in lines.items():
+            for adapter in (None, "math-expert", "mock-expert"):
+                params = {**GREEDY, "max_new_tokens": line["response_tokens"]}
+                out = await client.generate(line["prompt_ids"], params, lora_path=adapter)
+                answers[name, adapter] = output_tokens(out)[0]
     assert summary["datasets"]["arith"]["lora_path"] == "math-expert"
     assert summary["datasets"]["guess"]["lora_path"] == "mock-expert"
     assert set(summary["domains"]) == {"math", "mock"}

@@ -10,7 +10,8 @@ import yaml
 
 from aclarena_slime.cli import main
 from aclarena_slime.evaluation import load_suite, parse_suite, slime_eval_config
-from aclarena_slime.evaluation.slime_config import GENERATE_PATH, REWARD_PATH, SLIME_DATASET_KEYS
+from aclarena_slime.evaluation.slime_config import SLIME_DATASET_KEYS
+from aclarena_slime.slime_edge import path as hook_path
 
 PAPER = Path(__file__).resolve().parents[2] / "recipes" / "eval" / "paper.yaml"
 
@@ -30,7 +31,7 @@ def test_entries_route_through_our_functions_with_the_env_tag():
     config = slime_eval_config(_suite(), data_root="/data")
     aime, nq = config["eval"]["datasets"]
     assert aime["path"] == "/data/aime.jsonl" and nq["path"] == "/abs/nq.jsonl@[0:500]"
-    assert aime["custom_generate_function_path"] == GENERATE_PATH and aime["custom_rm_path"] == REWARD_PATH
+    assert aime["custom_generate_function_path"] == hook_path("generate") and aime["custom_rm_path"] == hook_path("reward")
     assert aime["metadata_overrides"] == {"env": "math"} and nq["metadata_overrides"] == {"env": "search"}
     assert (aime["n_samples_per_eval_prompt"], aime["max_response_len"], aime["temperature"]) == (16, 16384, 1.0)
     assert nq["top_k"] == 20 and "top_k" not in aime
@@ -69,5 +70,5 @@ def test_slime_builds_its_dataset_configs_from_ours(tmp_path):
     args = SimpleNamespace()  # every value is set by the entries themselves or left None
     datasets = build_eval_dataset_configs(args, ensure_dataset_list(config["eval"]["datasets"]), {})
     assert [d.name for d in datasets] == ["aime", "nq"]
-    assert datasets[0].custom_generate_function_path == GENERATE_PATH
+    assert datasets[0].custom_generate_function_path == hook_path("generate")
     assert datasets[1].inject_metadata({"x": 1}) == {"x": 1, "env": "search"}

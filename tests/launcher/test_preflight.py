@@ -71,7 +71,7 @@ def test_flags_against_the_installed_parser():
 
 
 def test_hooks_import_by_their_dotted_path():
-    argv = ["--custom-rm-path", "aclarena_slime.rollout.reward", "--rollout-function-path", "aclarena_slime.rollout.nope",
+    argv = ["--custom-rm-path", "aclarena_slime.slime_edge.rollout.reward", "--rollout-function-path", "aclarena_slime.rollout.nope",
             "--custom-config-path", "/x.yaml"]  # fmt: skip
     checks = preflight.check_hooks(argv)
     assert statuses(checks) == {"hook --custom-rm-path": "ok", "hook --rollout-function-path": "fail"}

@@ -8,7 +8,7 @@ import torch
 
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import SamplingParams, token_log_probs
-from aclarena_slime.sglang_client import SGLangClient, SGLangError, close_sessions, finish_reason, output_tokens
+from aclarena_slime.sglang_client import SGLangClient, SGLangError, finish_reason, output_tokens
 
 
 @pytest.fixture
@@ -18,7 +18,6 @@ async def engine(engine_model):
         eng.client = SGLangClient(url)
         eng.url = url
         yield eng
-    await close_sessions()
 
 
 def prompt_ids(engine, text="Write a number."):

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from aclarena_slime.lora import LoraConfigError
-from aclarena_slime.lora import provider as provider_module
 from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN
 from aclarena_slime.lora.layers import lora_modules
 from aclarena_slime.lora.selftest import build_tiny_gpt
-from aclarena_slime.lora.updater import LoraWeightUpdater
+from aclarena_slime.slime_edge import lora as provider_module
+from aclarena_slime.slime_edge.lora_updater import LoraWeightUpdater
 
 
 def _args(lora: dict | None = None, **extra):
@@ -100,7 +100,7 @@ def test_init_hook_turns_adapters_off_for_the_reference(fake_slime, tiny_model):
 
 
 def test_model_provider_wraps_slimes_default_model(fake_slime, tp1, tiny_shape):
-    args = _args(custom_model_provider_path="aclarena_slime.lora.provider.model_provider")
+    args = _args(custom_model_provider_path="aclarena_slime.slime_edge.lora.model_provider")
     seen = {}
 
     def default_provider_factory(base_args, role):

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from aclarena_slime.lora import LoraConfig, inject_lora
 from aclarena_slime.lora.export import AttentionShape, gather_adapter, to_peft_state_dict
 from aclarena_slime.lora.layers import lora_modules, randomize_adapters
-from aclarena_slime.lora.updater import LoraWeightUpdater
+from aclarena_slime.slime_edge.lora_updater import LoraWeightUpdater
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.loops import background_loop
 

@@ -29,7 +29,7 @@ def test_search_recipes_use_the_tool_protocol_shaped_reward_no_tool_filter_and_e
         cfg = SearchConfig.from_mapping(search)  # the env accepts what the recipe sends
         assert (cfg.protocol, cfg.reward, cfg.topk, cfg.max_turns) == ("tool_call", "shaped", 3, 5)
         argv = command.train_args
-        assert flag_value(argv, "--dynamic-sampling-filter-path") == ["aclarena_slime.group_rewards.drop_no_tool"]
+        assert flag_value(argv, "--dynamic-sampling-filter-path") == ["aclarena_slime.slime_edge.rollout.drop_no_tool"]
         retriever = " ".join(map(str, command.services["retriever"].command))
         assert "--e5-model" in retriever and "e5-base-v2" in retriever and "e5_Flat.index" in retriever
 
@@ -43,7 +43,7 @@ def test_retail_recipes_use_the_shaping_the_variance_filter_and_the_glm_user(tmp
         LLMUserSettings.from_mapping(user)  # the simulator accepts every key the recipe sends
         assert (user["model"], user["temperature"], user["max_tokens"]) == ("user_sim", 0.7, 1024)
         argv = command.train_args
-        expected = ["aclarena_slime.group_rewards.task_reward_nonzero_std"]
+        expected = ["aclarena_slime.slime_edge.rollout.task_reward_nonzero_std"]
         assert flag_value(argv, "--dynamic-sampling-filter-path") == expected
         sim = [str(part) for part in command.services["user_sim"].command]
         assert sim[sim.index("--model-path") + 1].endswith("GLM-4.7-Flash")

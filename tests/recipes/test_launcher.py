@@ -43,7 +43,7 @@ def test_stage_sh_dry_run_prints_the_full_command(tmp_path: Path):
     assert "[stage] backend:" in done.stderr
     out = done.stdout
     assert "ray job submit" in out and "/train.py" in out
-    assert "--custom-generate-function-path aclarena_slime.rollout.generate" in out
+    assert "--custom-generate-function-path aclarena_slime.slime_edge.rollout.generate" in out
     assert "--lr 5e-06" in out
     assert "service retriever at http://10.1.2.3:8000" in out  # two nodes: on the head's address
     assert "# ray head address: 10.1.2.3 (2 nodes; on each other node: bash launch/join.sh 10.1.2.3" in out

@@ -64,7 +64,7 @@ def test_stage_recipe_compiles_to_known_flags(path: Path, tmp_path: Path):
     assert flag_value(command.train_args, "--save") == [recipe.checkpoint.save]
     env_config = command.custom_config["aclarena_env_config"]
     if recipe.kind != "sft":
-        assert flag_value(command.train_args, "--custom-generate-function-path") == ["aclarena_slime.rollout.generate"]
+        assert flag_value(command.train_args, "--custom-generate-function-path") == ["aclarena_slime.slime_edge.rollout.generate"]
         assert recipe.data.env in env_config
     yaml.safe_dump(command.custom_config)  # plain data only
     shlex.split(command.shell("http://127.0.0.1:8265").replace("\\\n", " "))
@@ -101,7 +101,7 @@ def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path, monkeypa
     monkeypatch.setattr("aclarena_slime.launcher.addresses.routable_ip", lambda: "10.9.8.7")
     recipe, command = compiled("stage2_search", tmp=tmp_path)
     argv = command.train_args
-    assert flag_value(argv, "--custom-rm-path") == ["aclarena_slime.rollout.reward"]
+    assert flag_value(argv, "--custom-rm-path") == ["aclarena_slime.slime_edge.rollout.reward"]
     assert flag_value(argv, "--advantage-estimator") == ["gspo"]
     assert flag_value(argv, "--n-samples-per-prompt") == ["8"]
     assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "stage2_search_sft" / "checkpoint")]  # SeaSFT
@@ -143,7 +143,7 @@ def test_mle_recipe_carries_lora_hooks_and_settings(tmp_path: Path):
 
     recipe, command = compiled("mle_search", tmp=tmp_path)
     argv = command.train_args
-    assert flag_value(argv, "--custom-model-provider-path") == ["aclarena_slime.lora.provider.model_provider"]
+    assert flag_value(argv, "--custom-model-provider-path") == ["aclarena_slime.slime_edge.lora.model_provider"]
     assert flag_value(argv, "--only-train-params-name-list") == [ADAPTER_PARAM_PATTERN]
     assert flag_value(argv, "--load") == [str(tmp_path / "runs" / "sdft_backbone" / "checkpoint")]
     lora = LoraConfig.from_mapping(command.custom_config["aclarena_lora"])
@@ -214,8 +214,8 @@ def test_lora_stages_run_without_sequence_parallelism(name: str, tmp_path: Path)
 def test_rl_recipes_keep_env_failed_samples_out_of_group_baselines(path: Path, tmp_path: Path):
     recipe, command = compiled(path.stem, tmp=tmp_path)
     expected = {
-        "rl": ["aclarena_slime.rollout.reward_post_process"],
-        "mopd": ["aclarena_slime.distill.mopd.mopd_post_process"],
+        "rl": ["aclarena_slime.slime_edge.rollout.reward_post_process"],
+        "mopd": ["aclarena_slime.slime_edge.mopd.mopd_post_process"],
     }.get(recipe.kind)
     if expected is None:
         assert "--custom-reward-post-process-path" not in command.train_args
@@ -230,11 +230,11 @@ def test_bad_lora_setting_names_it(tmp_path: Path):
 
 def test_sdft_and_mopd_reference_the_distillation_plugins(tmp_path: Path):
     _, sdft = compiled("sdft_backbone", tmp=tmp_path)
-    assert flag_value(sdft.train_args, "--data-source-path") == ["aclarena_slime.distill.sdft.BalancedDataSource"]
+    assert flag_value(sdft.train_args, "--data-source-path") == ["aclarena_slime.slime_edge.data_source.BalancedDataSource"]
     assert "--custom-generate-function-path" not in sdft.train_args
     assert "--advantage-estimator" not in sdft.train_args
     _, mopd = compiled("mopd", tmp=tmp_path)
-    assert flag_value(mopd.train_args, "--custom-rm-path") == ["aclarena_slime.distill.mopd.teacher_log_probs_reward"]
+    assert flag_value(mopd.train_args, "--custom-rm-path") == ["aclarena_slime.slime_edge.mopd.teacher_log_probs_reward"]
     assert set(mopd.custom_config["aclarena_env_config"]) == {"math", "search", "retail"}
     assert set(mopd.services) == {"retriever", "user_sim"}
 

@@ -10,7 +10,7 @@ import pytest
 
 from aclarena_slime import registry
 from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score
-from aclarena_slime.rollout import generate
+from aclarena_slime.slime_edge.rollout import generate
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
 

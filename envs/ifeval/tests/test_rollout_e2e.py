@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from aclarena_slime.rollout import generate, reward
+from aclarena_slime.slime_edge.rollout import generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
 

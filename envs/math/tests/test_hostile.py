@@ -10,7 +10,7 @@ import pytest
 
 from aclarena_envs.math.env import MathEnvironment
 from aclarena_slime.contract import Task
-from aclarena_slime.rollout import generate, reward
+from aclarena_slime.slime_edge.rollout import generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
 

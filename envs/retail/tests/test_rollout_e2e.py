@@ -6,9 +6,8 @@ import json
 
 from aiohttp import web
 
-from aclarena_slime import registry
 from aclarena_slime.http_service import serving
-from aclarena_slime.rollout import generate, reward
+from aclarena_slime.slime_edge.rollout import generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang, fake_logprob
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args, mask_runs
 
@@ -107,7 +106,6 @@ async def test_failing_simulator_aborts_the_sample_instead_of_scoring_it(tiny_ch
     assert engine.requests == []  # the policy was never asked: the customer never spoke
     assert out.status is S.ABORTED and out.remove_sample
     assert "user simulator" in out.metadata["aclarena"]["error"] and "score" not in out.metadata["aclarena"]
-    await registry.get_environment("retail", args.aclarena_env_config["retail"]).aclose()
 
 
 async def test_a_lone_surrogate_escape_in_a_tool_call_is_an_error_observation(

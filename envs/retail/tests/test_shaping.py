@@ -112,8 +112,7 @@ async def test_shaped_group_through_the_rollout_and_the_task_variance_filter(
     task outcome (1, 1, 0), not the shaped rewards."""
     from types import SimpleNamespace
 
-    from aclarena_slime.group_rewards import task_reward_nonzero_std
-    from aclarena_slime.rollout import generate, reward
+    from aclarena_slime.slime_edge.rollout import generate, reward, task_reward_nonzero_std
     from aclarena_slime.testing.fake_sglang import FakeSGLang
     from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aclarena_envs.search.demo_corpus import generate, write_jsonl
 from aclarena_slime.chat_tokens import ChatTokens
-from aclarena_slime.rollout import generate as rollout_generate
-from aclarena_slime.rollout import reward
+from aclarena_slime.slime_edge.rollout import generate as rollout_generate
+from aclarena_slime.slime_edge.rollout import reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args, mask_runs
 

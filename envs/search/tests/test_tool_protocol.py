@@ -11,8 +11,8 @@ from aclarena_envs.search.tool_protocol import parse_tool_action, well_formed
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.conformance import check_environment
 from aclarena_slime.contract import Done, Observation, Task
-from aclarena_slime.rollout import generate as rollout_generate
-from aclarena_slime.rollout import reward
+from aclarena_slime.slime_edge.rollout import generate as rollout_generate
+from aclarena_slime.slime_edge.rollout import reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args, mask_runs
 
@@ -178,7 +178,7 @@ async def test_real_slime_generate_and_rm_then_the_no_tool_filter(tmp_path, tiny
     from slime.rollout.sglang_rollout import generate_and_rm
     from slime.utils.types import Sample
 
-    from aclarena_slime.group_rewards import drop_no_tool
+    from aclarena_slime.slime_edge.rollout import drop_no_tool
     from aclarena_slime.testing.samples import make_slime_args
 
     corpus = write_jsonl(DEMO.passages, tmp_path / "corpus.jsonl")

@@ -1,14 +1,12 @@
-"""Slime hooks for a frozen-backbone LoRA actor. A recipe passes:
+"""Train-side hooks for a frozen-backbone LoRA actor (``lora_model_provider``, ``lora_megatron_init``).
 
-    --custom-model-provider-path aclarena_slime.lora.provider.model_provider
-    --custom-megatron-init-path aclarena_slime.lora.provider.megatron_init
-    --only-train-params-name-list '\\.lora_[AB]\\.weight$'
-    --dist-ckpt-strictness log_unexpected      # a backbone checkpoint has no adapter keys
-    --custom-config-path lora.yaml             # aclarena_lora: {rank: 16, alpha: 32, adapter_name: math, ...}
+A LoRA recipe passes both hooks' paths (from :data:`aclarena_slime.slime_edge.HOOKS`) with
+``--only-train-params-name-list '\\.lora_[AB]\\.weight$'``, ``--dist-ckpt-strictness log_unexpected``
+(a backbone checkpoint has no adapter keys) and ``aclarena_lora`` in the custom config.
 
 ``megatron_init`` installs three monkeypatches on slime's Megatron actor (slime offers no hook for
 any): the reference / teacher forwards run with the adapters off, the full-weight updater is replaced
-by :class:`~aclarena_slime.lora.updater.LoraWeightUpdater`, and checkpoints hold the adapter and its
+by :class:`~aclarena_slime.slime_edge.lora_updater.LoraWeightUpdater`, and checkpoints hold the adapter and its
 optimizer state only, resumed from ``<--save>/lora_adapter`` after a crash
 (:mod:`aclarena_slime.lora.checkpoint`).
 """
@@ -20,8 +18,8 @@ import logging
 import re
 from typing import Any
 
-from .config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
-from .layers import inject_lora, set_adapters_enabled
+from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
+from aclarena_slime.lora.layers import inject_lora, set_adapters_enabled
 
 logger = logging.getLogger(__name__)
 # Model tags of slime's TensorBackuper that stand for "the backbone alone".
@@ -77,8 +75,8 @@ def megatron_init(args: Any) -> None:
     from slime.backends.megatron_utils import actor as actor_module
     from slime.backends.megatron_utils import model as model_module
 
-    from .checkpoint import install as install_adapter_checkpoints
-    from .updater import LoraWeightUpdater
+    from aclarena_slime.lora.checkpoint import install as install_adapter_checkpoints
+    from aclarena_slime.slime_edge.lora_updater import LoraWeightUpdater
 
     actor_cls = actor_module.MegatronTrainRayActor
     if not getattr(actor_cls, "_aclarena_lora_patched", False):

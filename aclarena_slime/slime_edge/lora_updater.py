@@ -1,7 +1,7 @@
 """Slime weight updater for LoRA runs: sends the adapter, never the backbone, after each train step.
 
 It has the interface of slime's ``UpdateWeightFrom*`` classes (``slime/backends/megatron_utils/
-update_weight``) and takes their place when ``provider.megatron_init`` is installed. Like them it reads
+update_weight``) and takes their place when the ``lora_megatron_init`` hook (:mod:`.lora`) is installed. Like them it reads
 the weights through ``weights_getter`` (slime's CPU copy, refreshed after every train step by
 ``weights_backuper.backup("actor")``), never the live parameters: with ``--colocate`` / offload, slime
 pauses the trainer's GPU memory (torch_memory_saver) right after init and calls ``update_weights``
@@ -18,11 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aclarena_slime.sglang_client import close_sessions
-
-from .config import LoraConfig
-from .export import AttentionShape, gather_adapter, peft_adapter_config, to_peft_state_dict
-from .sync import SyncResult, sync_adapter
+from aclarena_slime.lora.config import LoraConfig
+from aclarena_slime.lora.export import AttentionShape, gather_adapter, peft_adapter_config, to_peft_state_dict
+from aclarena_slime.lora.sync import SyncResult, sync_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -61,20 +59,17 @@ class LoraWeightUpdater:
         return out
 
     async def _sync(self, urls: list[str], tensors: dict[str, torch.Tensor]) -> SyncResult:
-        """One sync on a fresh event loop, closing its HTTP session before ``asyncio.run`` closes the loop."""
-        try:
-            return await sync_adapter(
-                urls,
-                self.config.adapter_name,
-                tensors,
-                peft_adapter_config(self.config, self.base_model),
-                mode=self.config.sync_mode,
-                sync_dir=self.config.sync_dir,
-                schema=self.config.sglang_payload,
-                pause_mode=self.config.pause_mode,
-            )
-        finally:
-            await close_sessions()
+        """One sync on a fresh event loop (its clients open and close their own HTTP sessions)."""
+        return await sync_adapter(
+            urls,
+            self.config.adapter_name,
+            tensors,
+            peft_adapter_config(self.config, self.base_model),
+            mode=self.config.sync_mode,
+            sync_dir=self.config.sync_dir,
+            schema=self.config.sglang_payload,
+            pause_mode=self.config.pause_mode,
+        )
 
     @torch.no_grad()
     def adapter_tensors(self) -> dict[str, torch.Tensor]:
