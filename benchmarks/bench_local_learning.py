@@ -30,8 +30,11 @@ RECIPES = {"math": "stage1_math", "search": "stage2_search", "ifeval": "stage4_i
 
 
 def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """User + system seconds of this process and its finished children (the math verifier's workers)."""
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
 
 
 def reward(metrics: dict, key: str) -> str:
@@ -46,7 +49,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. cluster.local.steps=4")
     args = parser.parse_args()
     table = Table(title="local profile: held-out mean reward (greedy)")
-    for column in ("env", "held-out n", "base", "warm start", "after GRPO", "demos kept", "wall s", "CPU s"):
+    columns = ("env", "held-out n", "base", "warm start", "after GRPO", "rise", "demos kept", "SFT loss", "wall s", "CPU s")
+    for column in columns:
         table.add_column(column, justify="right")
     for env in args.envs:
         recipe = load_recipe(
@@ -58,12 +62,15 @@ def main() -> None:
         metrics = run_stage(cfg)
         wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
         warm = metrics.get("warm_start") or {}
-        demos = warm.get("demos") or {}
+        demos, sft = warm.get("demos") or {}, warm.get("sft") or {}
+        before, after = (metrics[key]["mean_reward"] for key in ("eval_before", "eval_after"))
         table.add_row(
             env,
             str(metrics["eval_after"]["n"]),
             *(reward(metrics, key) for key in ("eval_before", "eval_warm_start", "eval_after")),
+            "yes" if before is not None and after is not None and after > before else "NO",
             f"{demos.get('kept', 0)}/{demos.get('replayed', 0)}" if demos else "-",
+            f"{sft['loss_first']:.2f}->{sft['loss_last']:.2f}" if sft else "-",
             f"{wall:.0f}",
             f"{cpu:.0f}",
         )
