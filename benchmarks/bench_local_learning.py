@@ -74,7 +74,7 @@ def main() -> None:
             f"{wall:.0f}",
             f"{cpu:.0f}",
         )
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":
