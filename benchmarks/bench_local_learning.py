@@ -6,8 +6,9 @@
 Each env's stage recipe runs as ``bash launch/stage.sh RECIPE`` runs it on the local backend (the
 ``cluster=local`` profile, its SFT warm start on gold demo trajectories, then GRPO), one after the
 other in this process. Columns: the mean reward on the held-out demo prompts (never trained on) of the
-base model, of the warm-started backbone and of the GRPO-trained expert; the share of gold demos the
-env scored as correct; wall and CPU seconds of the stage (set-up — imports, the tiny model — excluded
+base model, of the warm-started backbone and of the GRPO-trained expert; whether the last beats the
+first (the issue's bar); the share of gold demos the env scored as correct and kept; the warm start's
+training loss (first -> last tenth of its steps); wall and CPU seconds of the stage (set-up — imports, the tiny model — excluded
 from neither: it is a second or two). On a shared machine wall time is inflated; CPU seconds are not.
 """
 
