@@ -88,6 +88,11 @@ class LocalStageConfig:
     warm_start_lr: float = 1e-3
     warm_start_batch_size: int = 16
     warm_start_min_reward: float | None = None
+    # The tiny model's size (model="tiny" only): BPE vocabulary, width, layers. With a warm start, its
+    # tokenizer also learns from the warm-start records' prompts and gold turns (never the held-out ones).
+    tiny_vocab_size: int = 512
+    tiny_hidden_size: int = 64
+    tiny_layers: int = 2
 
     def __post_init__(self) -> None:
         if not self.env or not isinstance(self.env, str):
@@ -105,6 +110,9 @@ class LocalStageConfig:
             "micro_batch_size",
             "warm_start_records",
             "warm_start_batch_size",
+            "tiny_vocab_size",
+            "tiny_hidden_size",
+            "tiny_layers",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -132,6 +140,8 @@ class LocalStageConfig:
             raise LocalConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         if not 0 <= self.engine_port < 65536:
             raise LocalConfigError(f"engine_port must be 0..65535, got {self.engine_port!r}")
+        if self.tiny_hidden_size % 4:
+            raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")
         self._check_warm_start()
         if not isinstance(self.env_config, Mapping):
             raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")

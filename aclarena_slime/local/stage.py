@@ -29,7 +29,7 @@ import random
 import statistics
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,6 +49,7 @@ from aclarena_slime.registry import get_environment
 from aclarena_slime.rollout import load_chat_tokens
 from aclarena_slime.sglang_client import SGLangClient
 from aclarena_slime.slime_edge.rollout import close_context, generate, reward
+from aclarena_slime.testing.tiny_model import TinyShape, save_tiny_checkpoint
 
 EVAL_SEED_OFFSET = 10_007  # demo evaluation records come from another seed than the training ones
 
@@ -68,7 +69,7 @@ def run_stage(cfg: LocalStageConfig) -> dict[str, Any]:
 
 async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     started = time.monotonic()
-    model_dir = stage_model(cfg)
+    model_dir = stage_model(cfg, await tokenizer_texts(cfg))
     warm: dict[str, Any] | None = None
     if cfg.warm_start_steps:
         model_dir, warm = await warm_start_phase(cfg, model_dir)
@@ -102,8 +103,11 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     return result
 
 
-def stage_model(cfg: LocalStageConfig) -> Path:
-    """What every local stage does first: its output folder, torch threads, seeds, and its model folder."""
+def stage_model(cfg: LocalStageConfig, texts: Sequence[str] = ()) -> Path:
+    """What every local stage does first: its output folder, torch threads, seeds, and its model folder.
+
+    ``texts``: extra training text for the tiny model's tokenizer (see :func:`tokenizer_texts`).
+    """
     import torch
 
     out = Path(cfg.output_dir)
@@ -112,7 +116,31 @@ def stage_model(cfg: LocalStageConfig) -> Path:
         torch.set_num_threads(cfg.torch_threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    return prepare_model(cfg.model_source, out, cfg.seed)
+    shape = TinyShape(cfg.tiny_vocab_size, cfg.tiny_hidden_size, cfg.tiny_layers)
+    return prepare_model(cfg.model_source, out, cfg.seed, shape, texts)
+
+
+async def tokenizer_texts(cfg: LocalStageConfig) -> list[str]:
+    """The warm-start records' prompts and gold turns, when the stage builds the tiny model and warm-starts it.
+
+    The tiny tokenizer learns its merges from them, as a real tokenizer is trained on text like what
+    its model reads: sequences get shorter (cheaper steps) and a name the model must copy from a
+    passage is a few tokens, not a dozen characters. The held-out records are not among them.
+    """
+    if cfg.model_source != TINY_MODEL or not cfg.warm_start_steps or not cfg.warm_start_demos:
+        return []
+    # Only the records are needed: no engine runs yet, so any URL in the env's settings stays unused.
+    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
+    try:
+        records = stage_records(env, cfg).warm_start
+    finally:
+        await env.aclose()
+    turns_of = load_demo_turns(str(cfg.warm_start_demos))
+    texts: list[str] = []
+    for record in records:
+        prompt = record["prompt"]
+        texts += [prompt if isinstance(prompt, str) else json.dumps(prompt), *turns_of(record)]
+    return texts
 
 
 def lora_trainer(cfg: LocalStageConfig, model_dir: Path, settings: TrainSettings) -> LoraTrainer:
@@ -386,12 +414,13 @@ def rollout_figures(samples: list[Sample]) -> dict[str, float]:
     }
 
 
-def prepare_model(source: str, out: Path, seed: int) -> Path:
-    """The model directory: the tiny model written into ``out/base_model``, or the user's HF directory."""
+def prepare_model(
+    source: str, out: Path, seed: int, shape: TinyShape | None = None, texts: Sequence[str] = ()
+) -> Path:
+    """The model directory: the tiny model (of ``shape``, its tokenizer also trained on ``texts``) written
+    into ``out/base_model``, or the user's HF directory."""
     if source == TINY_MODEL:
-        from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
-
-        return save_tiny_checkpoint(out / "base_model", with_model=True, seed=seed).resolve()
+        return save_tiny_checkpoint(out / "base_model", with_model=True, seed=seed, shape=shape, texts=texts).resolve()
     path = Path(source).expanduser()
     if not (path / "config.json").is_file():
         raise LocalStageError(

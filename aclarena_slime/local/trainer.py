@@ -151,7 +151,7 @@ class LoraTrainer:
                     new_lp, old_lp, adv_t, mask, self.settings.clip_eps_low, self.settings.clip_eps_high
                 )
                 (loss / n_tokens).backward()
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
                 clipped_sum += float(clipped)
                 diff_sum += float(((new_lp.detach() - old_lp).abs() * mask).sum())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)

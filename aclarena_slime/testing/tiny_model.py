@@ -8,6 +8,8 @@ tool results as ``<tool_response>`` inside a user turn). Every code path that ne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -66,8 +68,29 @@ _TRAINING_TEXT = [
 ]
 
 
-def build_tiny_tokenizer(vocab_size: int = 512):
-    """A ``PreTrainedTokenizerFast`` with Qwen3's special tokens and chat template."""
+@dataclass(frozen=True)
+class TinyShape:
+    """The tiny model's size: BPE vocabulary (before the special tokens), width, layers."""
+
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_layers: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"tiny model {name} must be a positive integer, got {value!r}")
+        if self.hidden_size % 4:
+            raise ValueError(f"tiny model hidden_size must be a multiple of 4 (4 heads), got {self.hidden_size}")
+
+
+def build_tiny_tokenizer(vocab_size: int = 512, texts: Sequence[str] = ()):
+    """A ``PreTrainedTokenizerFast`` with Qwen3's special tokens and chat template.
+
+    ``texts`` join the built-in lines as BPE training text: a tokenizer trained on text like what the
+    model will read splits it into fewer, more meaningful tokens (shorter sequences, easier copying).
+    """
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -79,7 +102,7 @@ def build_tiny_tokenizer(vocab_size: int = 512):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_TRAINING_TEXT * 4, trainer=trainer)
+    tok.train_from_iterator([*(_TRAINING_TEXT * 4), *texts], trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     fast.chat_template = CHAT_TEMPLATE
@@ -106,14 +129,24 @@ def build_tiny_qwen3(vocab_size: int, seed: int = 0, hidden_size: int = 64, num_
     return Qwen3ForCausalLM(config).eval()
 
 
-def save_tiny_checkpoint(directory: str | Path, with_model: bool = False, seed: int = 0) -> Path:
-    """Write the tiny tokenizer (and optionally a random model) where ``from_pretrained`` finds it."""
+def save_tiny_checkpoint(
+    directory: str | Path,
+    with_model: bool = False,
+    seed: int = 0,
+    shape: TinyShape | None = None,
+    texts: Sequence[str] = (),
+) -> Path:
+    """Write the tiny tokenizer (and optionally a random model of ``shape``) where ``from_pretrained`` finds it.
+
+    ``texts``: extra BPE training text for the tokenizer (see :func:`build_tiny_tokenizer`).
+    """
+    shape = shape or TinyShape()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(shape.vocab_size, texts)
     tokenizer.save_pretrained(directory)
     if with_model:
-        model = build_tiny_qwen3(len(tokenizer), seed=seed)
+        model = build_tiny_qwen3(len(tokenizer), seed=seed, hidden_size=shape.hidden_size, num_layers=shape.num_layers)
         model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         model.save_pretrained(directory)
     return directory

@@ -10,6 +10,7 @@ PopQA) and multi-hop (HotpotQA, 2WikiMultiHopQA, Musique, Bamboogle).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -19,6 +20,7 @@ from typing import Any
 from aclarena_slime.jsonl import iter_jsonl, write_jsonl_atomic
 
 from . import demo_corpus
+from .retriever import BM25Retriever
 
 SINGLE_HOP = ("nq", "triviaqa", "popqa")
 MULTI_HOP = ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
@@ -151,10 +153,27 @@ def main(argv: list[str]) -> int:
 def demo_turns(record: dict[str, Any]) -> list[str]:
     """The gold model turns for a demo record: search with the question, then give the first gold answer.
 
-    The local backend's SFT warm start replays these through the env (the demo corpus answers every
-    demo question, so the search turn brings back the passage that holds the answer).
+    The local backend's SFT warm start replays these through the env. A demo must be *grounded*: its
+    answer is written only when the first passage the question retrieves from the demo corpus holds it
+    (so it is in the observation whatever the env's ``topk``); otherwise the demo searches and stops,
+    the episode scores 0 and the replay's reward filter drops it. Answers that no passage showed
+    would teach the model to recall answers instead of reading them.
     """
     label = record.get("label")
     answers = label.get("target") if isinstance(label, dict) else label
-    answer = answers[0] if isinstance(answers, list) else answers
-    return [f"<search> {record['prompt']} </search>", f"<answer> {answer} </answer>"]
+    answers = answers if isinstance(answers, list) else [answers]
+    question = str(record["prompt"])
+    turns = [f"<search> {question} </search>"]
+    [hits] = _demo_retriever().search([question], 1)
+    passage = hits[0].document["contents"] if hits else ""
+    if any(str(answer) in passage for answer in answers):
+        turns.append(f"<answer> {answers[0]} </answer>")
+    return turns
+
+
+@functools.cache
+def _demo_retriever() -> BM25Retriever:
+    """The embedded retriever over the default demo corpus, as the env builds it without a corpus."""
+    from .env import DEMO_PASSAGES  # the env imports this module
+
+    return BM25Retriever.from_documents(demo_corpus.generate(DEMO_PASSAGES).passages)

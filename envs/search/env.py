@@ -53,7 +53,7 @@ from .tool_episode import ToolSearchEpisode, check_protocol, protocol_settings
 
 log = logging.getLogger(__name__)
 
-DEMO_PASSAGES = 600
+DEMO_PASSAGES = 3000
 
 
 @dataclass(frozen=True)
