@@ -18,21 +18,23 @@ env tag by default), ``n_samples``, ``temperature``, ``top_p``, ``top_k``, ``max
 (token budget of the whole response, observations included), ``max_turns``, ``limit`` (first N
 records), ``env_config`` (the env's settings), ``chat_template_kwargs``. Unknown keys are errors.
 Machine-specific values (a retriever URL, a data folder, the user simulator) are declared once under
-``services:`` and referenced as ``${services.NAME}`` in ``path`` and ``env_config`` strings; the
-command line fills them (``aclarena eval run SUITE --service retriever_url=http://...``), so one suite
-serves every machine. A dataset whose services are still unset refuses to run and names the flag.
+``services:`` and referenced as ``${services.NAME}`` (OmegaConf interpolation, as in the recipes) in
+``path`` and ``env_config``; the command line fills them (``aclarena eval run SUITE --service
+retriever_url=http://...``), so one suite serves every machine. A dataset whose services are still
+unset refuses to run and names the flag.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 
 class SuiteError(ValueError):
@@ -55,6 +57,7 @@ class EvalDataset:
     limit: int | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    unset_services: tuple[str, ...] = ()  # services this dataset uses that have no value yet
 
     def __post_init__(self) -> None:
         if not self.domain:
@@ -79,9 +82,7 @@ class EvalSuite:
 
     def require_services(self) -> EvalSuite:
         """The suite itself, once every ``${services.NAME}`` its datasets use has a value."""
-        missing = {
-            f"{d.name}: {name}" for d in self.datasets for name in _SERVICE_REF.findall(repr((d.path, d.env_config)))
-        }
+        missing = {f"{d.name}: {name}" for d in self.datasets for name in d.unset_services}
         if missing:
             names = sorted({m.split(": ")[1] for m in missing})
             raise SuiteError(
@@ -113,7 +114,7 @@ class EvalSuite:
 
 
 _FIELDS = {f.name: f for f in fields(EvalDataset)}
-_SETTABLE = set(_FIELDS) - {"name"}
+_SETTABLE = set(_FIELDS) - {"name", "unset_services"}
 _INTS = {"n_samples", "top_k", "max_response_len", "max_turns", "limit", "demo"}
 _FLOATS = {"temperature", "top_p"}
 _DICTS = {"env_config", "chat_template_kwargs"}
@@ -132,7 +133,7 @@ def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] 
     undeclared = set(services or {}) - set(declared)
     if undeclared:
         raise SuiteError(f"{source}: no service {sorted(undeclared)} declared; declared: {', '.join(sorted(declared))}")
-    values = {k: v for k, v in {**declared, **dict(services or {})}.items() if v is not None}
+    values = {**declared, **{k: v for k, v in dict(services or {}).items() if v is not None}}
     defaults = _check_keys(data.get("defaults") or {}, f"{source}: defaults")
     entries = data.get("datasets")
     if isinstance(entries, list):
@@ -149,11 +150,9 @@ def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] 
             raise SuiteError(f"{where}: 'env' is required")
         if bool(merged.get("path")) == bool(merged.get("demo")):
             raise SuiteError(f"{where}: give either 'path' (a slime JSONL file) or 'demo' (a record count)")
-        for ref in _SERVICE_REF.findall(repr((merged.get("path"), merged.get("env_config")))):
-            if ref not in declared:
-                raise SuiteError(f"{where}: ${{services.{ref}}} is not declared under services")
-        merged = {k: _substitute(v, values) if k in ("path", "env_config") else v for k, v in merged.items()}
-        datasets.append(EvalDataset(name=str(name), **{k: _coerce(k, v, where) for k, v in merged.items()}))
+        merged, unset = _with_services(merged, values, where)
+        coerced = {k: _coerce(k, v, where) for k, v in merged.items()}
+        datasets.append(EvalDataset(name=str(name), unset_services=unset, **coerced))
     return EvalSuite(name=str(data.get("name") or Path(source).stem), datasets=tuple(datasets))
 
 
@@ -166,18 +165,22 @@ def load_suite(path: str | Path, services: Mapping[str, str] | None = None) -> E
     return parse_suite(data, str(path), services)
 
 
-_SERVICE_REF = re.compile(r"\$\{services\.(\w+)\}")
+def _with_services(entry: dict[str, Any], services: Mapping[str, Any], where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``entry`` with its ``${services.NAME}`` interpolations resolved, and the names of those still unset.
 
-
-def _substitute(value: Any, values: Mapping[str, Any]) -> Any:
-    """``${services.NAME}`` replaced where ``NAME`` has a value; left in place (and refused later) otherwise."""
-    if isinstance(value, str):
-        return _SERVICE_REF.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), value)
-    if isinstance(value, Mapping):
-        return {k: _substitute(v, values) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_substitute(v, values) for v in value]
-    return value
+    An unset service resolves to a marker that names the flag to pass; :meth:`EvalSuite.require_services`
+    refuses a dataset that holds one."""
+    markers = {k: f"<unset service: --service {k}=VALUE>" for k, v in services.items() if v is None}
+    node = OmegaConf.create({"services": {k: markers.get(k, v) for k, v in services.items()}, "entry": entry})
+    try:
+        resolved = OmegaConf.to_container(node.entry, resolve=True)
+    except InterpolationKeyError as exc:
+        declared = ", ".join(sorted(services)) or "none"
+        raise SuiteError(f"{where}: {str(exc).splitlines()[0]}: not declared under services ({declared})") from exc
+    except OmegaConfBaseException as exc:
+        raise SuiteError(f"{where}: {str(exc).splitlines()[0]}") from exc
+    text = repr(resolved)
+    return resolved, tuple(k for k, marker in markers.items() if marker in text)
 
 
 def _check_keys(entry: Any, where: str) -> dict[str, Any]:
