@@ -27,6 +27,7 @@ unset refuses to run and names the flag.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -57,11 +58,15 @@ class EvalDataset:
     limit: int | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    unset_services: tuple[str, ...] = ()  # services this dataset uses that have no value yet
 
     def __post_init__(self) -> None:
         if not self.domain:
             object.__setattr__(self, "domain", self.env)
+
+    @property
+    def unset_services(self) -> list[str]:
+        """The services this dataset uses that have no value yet (their markers are still in it)."""
+        return sorted(set(_UNSET.findall(repr((self.path, self.env_config)))))
 
     def sampling_params(self) -> dict[str, Any]:
         """SGLang sampling params; the agent loop sets ``max_new_tokens`` from the remaining budget."""
@@ -114,7 +119,7 @@ class EvalSuite:
 
 
 _FIELDS = {f.name: f for f in fields(EvalDataset)}
-_SETTABLE = set(_FIELDS) - {"name", "unset_services"}
+_SETTABLE = set(_FIELDS) - {"name"}
 _INTS = {"n_samples", "top_k", "max_response_len", "max_turns", "limit", "demo"}
 _FLOATS = {"temperature", "top_p"}
 _DICTS = {"env_config", "chat_template_kwargs"}
@@ -150,9 +155,8 @@ def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] 
             raise SuiteError(f"{where}: 'env' is required")
         if bool(merged.get("path")) == bool(merged.get("demo")):
             raise SuiteError(f"{where}: give either 'path' (a slime JSONL file) or 'demo' (a record count)")
-        merged, unset = _with_services(merged, values, where)
-        coerced = {k: _coerce(k, v, where) for k, v in merged.items()}
-        datasets.append(EvalDataset(name=str(name), unset_services=unset, **coerced))
+        merged = _with_services(merged, values, where)
+        datasets.append(EvalDataset(name=str(name), **{k: _coerce(k, v, where) for k, v in merged.items()}))
     return EvalSuite(name=str(data.get("name") or Path(source).stem), datasets=tuple(datasets))
 
 
@@ -165,13 +169,16 @@ def load_suite(path: str | Path, services: Mapping[str, str] | None = None) -> E
     return parse_suite(data, str(path), services)
 
 
-def _with_services(entry: dict[str, Any], services: Mapping[str, Any], where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """``entry`` with its ``${services.NAME}`` interpolations resolved, and the names of those still unset.
+_UNSET = re.compile(r"<unset service (\w+): pass --service")
 
-    An unset service resolves to a marker that names the flag to pass; :meth:`EvalSuite.require_services`
-    refuses a dataset that holds one."""
-    markers = {k: f"<unset service: --service {k}=VALUE>" for k, v in services.items() if v is None}
-    node = OmegaConf.create({"services": {k: markers.get(k, v) for k, v in services.items()}, "entry": entry})
+
+def _with_services(entry: dict[str, Any], services: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``entry`` with its ``${services.NAME}`` interpolations resolved.
+
+    A service without a value resolves to a marker naming the flag to pass (``EvalDataset.unset_services``
+    finds it); :meth:`EvalSuite.require_services` refuses a dataset that holds one."""
+    values = {k: f"<unset service {k}: pass --service {k}=VALUE>" if v is None else v for k, v in services.items()}
+    node = OmegaConf.create({"services": values, "entry": entry})
     try:
         resolved = OmegaConf.to_container(node.entry, resolve=True)
     except InterpolationKeyError as exc:
@@ -179,8 +186,7 @@ def _with_services(entry: dict[str, Any], services: Mapping[str, Any], where: st
         raise SuiteError(f"{where}: {str(exc).splitlines()[0]}: not declared under services ({declared})") from exc
     except OmegaConfBaseException as exc:
         raise SuiteError(f"{where}: {str(exc).splitlines()[0]}") from exc
-    text = repr(resolved)
-    return resolved, tuple(k for k, marker in markers.items() if marker in text)
+    return resolved
 
 
 def _check_keys(entry: Any, where: str) -> dict[str, Any]:
