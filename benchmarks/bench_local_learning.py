@@ -47,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--out", default="runs/bench_local_learning", help="folder for the stages' outputs")
-    parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. cluster.local.steps=4")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. rollout.num_rollout=4")
     args = parser.parse_args()
     table = Table(title="local profile: held-out mean reward (greedy)")
     columns = ("env", "held-out n", "base", "warm start", "after GRPO", "rise", "demos kept", "SFT loss", "wall s", "CPU s")

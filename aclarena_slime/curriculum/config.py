@@ -31,6 +31,8 @@ class EvaluationConfig:
     Placeholders: ``{python}`` (this interpreter), ``{stage}``, ``{checkpoint}``, ``{model}`` (the checkpoint,
     or the local backend's base model), ``{adapter}``, ``{experts}``, ``{out}`` (the folder for
     this stage's results; its ``summary.json`` goes into the manifest, as ``aclarena eval matrix`` reads it).
+    These are filled when the stage has run (its outputs exist only then), as a service's ``{host}`` /
+    ``{port}`` are when it starts; anything known when the file is read is OmegaConf interpolation.
     """
 
     command: list[str] = field(default_factory=list)

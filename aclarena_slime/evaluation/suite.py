@@ -18,9 +18,10 @@ env tag by default), ``n_samples``, ``temperature``, ``top_p``, ``top_k``, ``max
 (token budget of the whole response, observations included), ``max_turns``, ``limit`` (first N
 records), ``env_config`` (the env's settings), ``chat_template_kwargs``. Unknown keys are errors.
 Machine-specific values (a retriever URL, a data folder, the user simulator) are declared once under
-``services:`` and referenced as ``${services.NAME}`` in ``path`` and ``env_config`` strings; the
-command line fills them (``aclarena eval run SUITE --service retriever_url=http://...``), so one suite
-serves every machine. A dataset whose services are still unset refuses to run and names the flag.
+``services:`` and referenced as ``${services.NAME}`` (OmegaConf interpolation, as in the recipes) in
+``path`` and ``env_config``; the command line fills them (``aclarena eval run SUITE --service
+retriever_url=http://...``), so one suite serves every machine. A dataset whose services are still
+unset refuses to run and names the flag.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 
 class SuiteError(ValueError):
@@ -60,6 +63,11 @@ class EvalDataset:
         if not self.domain:
             object.__setattr__(self, "domain", self.env)
 
+    @property
+    def unset_services(self) -> list[str]:
+        """The services this dataset uses that have no value yet (their markers are still in it)."""
+        return sorted(set(_UNSET.findall(repr((self.path, self.env_config)))))
+
     def sampling_params(self) -> dict[str, Any]:
         """SGLang sampling params; the agent loop sets ``max_new_tokens`` from the remaining budget."""
         params: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
@@ -79,9 +87,7 @@ class EvalSuite:
 
     def require_services(self) -> EvalSuite:
         """The suite itself, once every ``${services.NAME}`` its datasets use has a value."""
-        missing = {
-            f"{d.name}: {name}" for d in self.datasets for name in _SERVICE_REF.findall(repr((d.path, d.env_config)))
-        }
+        missing = {f"{d.name}: {name}" for d in self.datasets for name in d.unset_services}
         if missing:
             names = sorted({m.split(": ")[1] for m in missing})
             raise SuiteError(
@@ -132,7 +138,7 @@ def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] 
     undeclared = set(services or {}) - set(declared)
     if undeclared:
         raise SuiteError(f"{source}: no service {sorted(undeclared)} declared; declared: {', '.join(sorted(declared))}")
-    values = {k: v for k, v in {**declared, **dict(services or {})}.items() if v is not None}
+    values = {**declared, **{k: v for k, v in dict(services or {}).items() if v is not None}}
     defaults = _check_keys(data.get("defaults") or {}, f"{source}: defaults")
     entries = data.get("datasets")
     if isinstance(entries, list):
@@ -149,10 +155,7 @@ def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] 
             raise SuiteError(f"{where}: 'env' is required")
         if bool(merged.get("path")) == bool(merged.get("demo")):
             raise SuiteError(f"{where}: give either 'path' (a slime JSONL file) or 'demo' (a record count)")
-        for ref in _SERVICE_REF.findall(repr((merged.get("path"), merged.get("env_config")))):
-            if ref not in declared:
-                raise SuiteError(f"{where}: ${{services.{ref}}} is not declared under services")
-        merged = {k: _substitute(v, values) if k in ("path", "env_config") else v for k, v in merged.items()}
+        merged = _with_services(merged, values, where)
         datasets.append(EvalDataset(name=str(name), **{k: _coerce(k, v, where) for k, v in merged.items()}))
     return EvalSuite(name=str(data.get("name") or Path(source).stem), datasets=tuple(datasets))
 
@@ -166,18 +169,24 @@ def load_suite(path: str | Path, services: Mapping[str, str] | None = None) -> E
     return parse_suite(data, str(path), services)
 
 
-_SERVICE_REF = re.compile(r"\$\{services\.(\w+)\}")
+_UNSET = re.compile(r"<unset service (\w+): pass --service")
 
 
-def _substitute(value: Any, values: Mapping[str, Any]) -> Any:
-    """``${services.NAME}`` replaced where ``NAME`` has a value; left in place (and refused later) otherwise."""
-    if isinstance(value, str):
-        return _SERVICE_REF.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), value)
-    if isinstance(value, Mapping):
-        return {k: _substitute(v, values) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_substitute(v, values) for v in value]
-    return value
+def _with_services(entry: dict[str, Any], services: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``entry`` with its ``${services.NAME}`` interpolations resolved.
+
+    A service without a value resolves to a marker naming the flag to pass (``EvalDataset.unset_services``
+    finds it); :meth:`EvalSuite.require_services` refuses a dataset that holds one."""
+    values = {k: f"<unset service {k}: pass --service {k}=VALUE>" if v is None else v for k, v in services.items()}
+    node = OmegaConf.create({"services": values, "entry": entry})
+    try:
+        resolved = OmegaConf.to_container(node.entry, resolve=True)
+    except InterpolationKeyError as exc:
+        declared = ", ".join(sorted(services)) or "none"
+        raise SuiteError(f"{where}: {str(exc).splitlines()[0]}: not declared under services ({declared})") from exc
+    except OmegaConfBaseException as exc:
+        raise SuiteError(f"{where}: {str(exc).splitlines()[0]}") from exc
+    return resolved
 
 
 def _check_keys(entry: Any, where: str) -> dict[str, Any]:

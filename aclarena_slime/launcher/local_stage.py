@@ -1,4 +1,12 @@
-"""A stage recipe on the local backend: the recipe mapped onto ``LocalStageConfig``, then ``run_stage``."""
+"""A stage recipe on the local backend: the recipe mapped onto ``LocalStageConfig``, then ``run_stage``.
+
+The recipe is the one source: its steps, batch, learning rate, budgets, temperatures, clip range, eval
+sampling and LoRA settings become the local stage's (``RECIPE_KEYS``). ``cluster.local`` holds only what
+is the backend's own (``BACKEND_FIELDS``: model, threads, engine, concurrency, warm start, ...). A recipe
+setting the local backend cannot run is an error, or a warning where running without it is the honest
+choice (``UNHONOURED``); the local profile (``recipes/profile/local.yaml``) sets each of them to what the
+backend runs, so a paper recipe composes cleanly and only an override that asks for more trips the check.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +17,57 @@ from typing import Any
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.schema import StageRecipe
 
+# LocalStageConfig field <- the recipe key it comes from.
+RECIPE_KEYS = {
+    "steps": "rollout.num_rollout",
+    "prompts_per_step": "rollout.rollout_batch_size",
+    "samples_per_prompt": "rollout.n_samples_per_prompt",
+    "max_response_len": "rollout.rollout_max_response_len",
+    "temperature": "rollout.rollout_temperature",
+    "lr": "algorithm.lr",
+    "clip_eps_low": "algorithm.eps_clip",
+    "clip_eps_high": "algorithm.eps_clip_high",
+    "eval_temperature": "data.eval_temperature",
+    "eval_top_p": "data.eval_top_p",
+    "eval_max_response_len": "data.eval_max_response_len",
+    "response_budget": "custom.aclarena_response_budget",
+    "lora": "lora",
+    "env": "data.env",
+    "env_config": "env_config.<tag>",
+    "output_dir": "paths.runs and name",
+}
+# What cluster.local may set: the backend's own settings.
+BACKEND_FIELDS = (
+    "model", "backbone", "base_adapter", "seed", "data_path", "eval_data_path", "eval_size", "top_p",
+    "updates_per_step", "engine_host", "engine_port", "max_concurrency", "micro_batch_size", "torch_threads",
+    "served_name", "progress", "monitor", "replay", "warm_start_steps", "warm_start_demos", "warm_start_records",
+    "warm_start_lr", "warm_start_batch_size", "warm_start_min_reward",
+)  # fmt: skip
+# Recipe settings the local backend runs one way only: (key, the values it runs, error?, why). Another value
+# is an error, or with error=False a warning (the stage runs without it).
+UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
+    ("algorithm.advantage_estimator", ("grpo",), True, "the local trainer takes a GRPO step"),
+    ("algorithm.use_kl_loss", (False,), False, "the local trainer has no KL term; the stage runs without it"),
+    ("algorithm.use_tis", (False,), True, "the local engine and trainer share the weights: no mismatch to correct"),
+    ("algorithm.entropy_coef", (0.0,), True, "the local trainer has no entropy bonus"),
+    ("algorithm.optimizer", ("adam",), True, "the local trainer runs AdamW"),
+    ("algorithm.weight_decay", (0.0,), True, "the local trainer's AdamW has no weight decay"),
+    ("algorithm.adam_beta1", (0.9,), True, "the local trainer's AdamW betas are (0.9, 0.999)"),
+    ("algorithm.adam_beta2", (0.999,), True, "the local trainer's AdamW betas are (0.9, 0.999)"),
+    ("algorithm.lr_decay_style", ("constant",), True, "the local trainer keeps the learning rate constant"),
+    ("algorithm.lr_warmup_fraction", (None, 0.0), True, "the local trainer has no warm-up"),
+    ("rollout.dynamic_sampling_filter_path", (None,), True, "the local stage trains on every group it rolls out"),
+    ("rollout.over_sampling_batch_size", (None,), True, "the local stage rolls out exactly its batch"),
+    ("data.n_samples_per_eval_prompt", (None, 1), True, "the local stage evaluates one sample per held-out prompt"),
+    ("data.eval_interval", (None,), False, "the local stage evaluates before and after training only"),
+)
+
 
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
-    """The recipe's settings as ``LocalStageConfig`` fields; ``cluster.local`` has the last word.
+    """The recipe's settings as ``LocalStageConfig`` fields (see the module docstring).
 
-    ``cluster.local.env_config`` and ``cluster.local.warm_start_demos`` hold one entry per env tag, and
-    ``max_response_len`` may (with a ``default``): the stage's env picks its own. An env without demos
-    runs without the warm start, with a warning.
+    An env without gold demos (no ``cluster.local.warm_start_demos``) runs without the warm start, with a
+    warning; so does a stage that continues ``base_adapter``.
     """
     if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None):
         raise RecipeError(
@@ -23,42 +75,51 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
             f"{recipe.name} is kind {recipe.kind!r}"
             + (" without a warm-start filter" if recipe.kind == "sft" else "")
         )
-    algorithm = recipe.algorithm
+    check_honoured(recipe)
+    local = dict(recipe.cluster.local)
+    misplaced = sorted(set(local) & set(RECIPE_KEYS))
+    if misplaced:
+        raise RecipeError(
+            "cluster.local holds the local backend's own settings only; set "
+            + ", ".join(f"{RECIPE_KEYS[k]} instead of cluster.local.{k}" for k in misplaced)
+        )
+    unknown = sorted(set(local) - set(BACKEND_FIELDS))
+    if unknown:
+        raise RecipeError(f"unknown cluster.local settings {unknown}; known: {sorted(BACKEND_FIELDS)}")
+    algorithm, rollout, data = recipe.algorithm, recipe.rollout, recipe.data
     values: dict[str, Any] = {
-        "env": recipe.data.env,
+        "env": data.env,
         "output_dir": f"{recipe.run_dir}/local",
-        "env_config": dict(recipe.env_config.get(recipe.data.env) or {}),
-        "temperature": recipe.rollout.rollout_temperature,
+        "env_config": dict(recipe.env_config.get(data.env) or {}),
+        "steps": rollout.num_rollout,
+        "prompts_per_step": rollout.rollout_batch_size,
+        "samples_per_prompt": rollout.n_samples_per_prompt,
+        "max_response_len": rollout.rollout_max_response_len,
+        "temperature": rollout.rollout_temperature,
+        "lr": algorithm.lr,
         "clip_eps_low": algorithm.eps_clip,
         "clip_eps_high": algorithm.eps_clip_high if algorithm.eps_clip_high is not None else algorithm.eps_clip,
+        # slime's None: the rollout's own setting
+        "eval_temperature": data.eval_temperature if data.eval_temperature is not None else rollout.rollout_temperature,
+        "eval_top_p": data.eval_top_p if data.eval_top_p is not None else 1.0,
+        "eval_max_response_len": data.eval_max_response_len,
+        "response_budget": recipe.custom.get("aclarena_response_budget") or "total",
     }
     if recipe.lora.enabled:
-        values.update(
-            lora_rank=recipe.lora.rank,
-            lora_alpha=recipe.lora.alpha,
-            lora_dropout=recipe.lora.dropout,
-            lora_target_modules=tuple(recipe.lora.target_modules),
-            adapter_name=recipe.lora.adapter_name or recipe.data.env,
+        values["lora"] = {**recipe.lora.to_dict(), "adapter_name": recipe.lora.adapter_name or data.env}
+    elif recipe.kind == "rl":
+        warnings.warn(
+            f"{recipe.name}: lora.enabled=false (full fine-tuning); the local backend trains a LoRA expert "
+            "instead (its default: rank 8, alpha 16 on the four linears; lora=r16_a32 for the paper's)",
+            stacklevel=2,
         )
-    local = dict(recipe.cluster.local)
-    values["env_config"] = _merged(
-        values["env_config"], (local.pop("env_config", None) or {}).get(recipe.data.env) or {}
-    )
-    if isinstance(local.get("max_response_len"), dict):  # per env tag, else its "default"
-        budgets = local["max_response_len"]
-        local["max_response_len"] = budgets.get(recipe.data.env, budgets.get("default"))
-        if local["max_response_len"] is None:
-            raise RecipeError(f"cluster.local.max_response_len names neither {recipe.data.env!r} nor 'default'")
-    demos = local.pop("warm_start_demos", None)
-    if isinstance(demos, dict):  # one demo-turns function per env tag
-        demos = demos.get(recipe.data.env)
-        if demos is None and local.get("warm_start_steps"):
-            warnings.warn(
-                f"cluster.local: no warm_start_demos for env {recipe.data.env!r}; this stage runs without "
-                "the SFT warm start (GRPO from the base model)",
-                stacklevel=2,
-            )
-            local["warm_start_steps"] = 0
+    if local.get("warm_start_steps") and not local.get("warm_start_demos"):
+        warnings.warn(
+            f"cluster.local: no warm_start_demos for env {data.env!r} (recipes/env/local/{data.env}.yaml); this "
+            "stage runs without the SFT warm start (GRPO from the base model)",
+            stacklevel=2,
+        )
+        local["warm_start_steps"] = 0
     if local.get("base_adapter") and local.get("warm_start_steps"):
         warnings.warn(
             "cluster.local: this stage continues base_adapter; it runs without the SFT warm start "
@@ -66,23 +127,24 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
             stacklevel=2,
         )
         local["warm_start_steps"] = 0
-    if demos is not None:
-        values["warm_start_demos"] = demos
     values.update(local)
     return values
 
 
-def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """``override`` over ``base``, recursively; a None value removes the key."""
-    out = dict(base)
-    for key, value in override.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], value)
-        else:
-            out[key] = value
-    return out
+def check_honoured(recipe: StageRecipe) -> None:
+    """Refuse (or warn about) each recipe setting the local backend cannot run, naming it."""
+    for key, honoured, error, why in UNHONOURED:
+        value = recipe
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value in honoured:
+            continue
+        message = f"{key}={value!r}: the local backend cannot honour it ({why}); runs with {honoured[0]!r}"
+        if key == "algorithm.use_kl_loss":
+            message += f" (kl_loss_coef {recipe.algorithm.kl_loss_coef})"
+        if error:
+            raise RecipeError(f"{recipe.name}: {message}")
+        warnings.warn(f"{recipe.name}: {message}", stacklevel=3)
 
 
 def local_config(recipe: StageRecipe) -> Any:
@@ -91,7 +153,7 @@ def local_config(recipe: StageRecipe) -> Any:
     try:
         return LocalStageConfig.from_mapping(local_settings(recipe))
     except LocalConfigError as exc:
-        raise RecipeError(f"cluster.local: {exc}") from exc
+        raise RecipeError(f"{recipe.name} on the local backend: {exc}") from exc
 
 
 def run_local(recipe: StageRecipe) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The settings of one local stage: one typed dataclass, validated on construction.
 
-The recipe compiler maps a recipe's ``local`` cluster profile onto :class:`LocalStageConfig`; the
-stage runner (:func:`aclarena_slime.local.stage.run_stage`) is its only reader.
+:func:`aclarena_slime.launcher.local_stage.local_config` maps a stage recipe onto
+:class:`LocalStageConfig` (the recipe's own sections, plus ``cluster.local`` for the backend's own
+settings); the stage runner (:func:`aclarena_slime.local.stage.run_stage`) is its only reader.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.lora.config import HF_TARGETS
+from aclarena_slime.lora.config import LoraConfig, LoraConfigError
 from aclarena_slime.strict_config import from_mapping
 
 TINY_MODEL = "tiny"
-# Hugging Face projection names PEFT targets on Qwen/Llama-style models.
-HF_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+RESPONSE_BUDGETS = ("total", "per_turn")  # aclarena_slime.rollout's aclarena_response_budget
+
+
+def default_lora() -> LoraConfig:
+    """The local expert when the recipe trains none of its own: rank 8, alpha 16 on the four linears."""
+    return LoraConfig(rank=8, alpha=16.0, adapter_name=None)
 
 
 class LocalConfigError(ValueError):
@@ -52,21 +57,22 @@ class LocalStageConfig:
     model: str = TINY_MODEL
     backbone: str | None = None
     base_adapter: str | None = None
-    adapter_name: str | None = None  # served name of the expert; defaults to the env tag
     seed: int = 0
     steps: int = 4
     prompts_per_step: int = 4
     samples_per_prompt: int = 4
     lr: float = 1e-3
     max_response_len: int = 64
+    response_budget: str = "total"  # max_response_len bounds the whole trajectory, or each model turn
     temperature: float = 1.0
     top_p: float = 1.0
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = HF_LINEARS
+    # The expert: LoraConfig (a mapping is read as one); Megatron target names become their HF projections.
+    # Its adapter_name is the expert's served name (None: the env tag).
+    lora: LoraConfig = field(default_factory=default_lora)
     updates_per_step: int = 1  # optimiser passes over each step's rollouts (PPO epochs)
     eval_temperature: float = 0.0  # 0: greedy evaluation
+    eval_top_p: float = 1.0
+    eval_max_response_len: int | None = None  # None: max_response_len
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
     engine_host: str = "127.0.0.1"
@@ -104,7 +110,6 @@ class LocalStageConfig:
             "prompts_per_step",
             "samples_per_prompt",
             "max_response_len",
-            "lora_rank",
             "max_concurrency",
             "updates_per_step",
             "micro_batch_size",
@@ -129,11 +134,20 @@ class LocalStageConfig:
             raise LocalConfigError(f"eval_temperature must be >= 0 (0 is greedy), got {self.eval_temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise LocalConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.lora_alpha <= 0:
-            raise LocalConfigError(f"lora_alpha must be positive, got {self.lora_alpha!r}")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise LocalConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
-        object.__setattr__(self, "lora_target_modules", hf_target_modules(self.lora_target_modules))
+        if not 0.0 < self.eval_top_p <= 1.0:
+            raise LocalConfigError(f"eval_top_p must be in (0, 1], got {self.eval_top_p!r}")
+        if self.eval_max_response_len is not None and self.eval_max_response_len < 1:
+            raise LocalConfigError(f"eval_max_response_len must be positive, got {self.eval_max_response_len!r}")
+        if self.response_budget not in RESPONSE_BUDGETS:
+            raise LocalConfigError(f"response_budget must be one of {RESPONSE_BUDGETS}, got {self.response_budget!r}")
+        if isinstance(self.lora, Mapping):
+            try:
+                values = {**default_lora().to_dict(), **self.lora}  # over the local default, not the paper's
+                object.__setattr__(self, "lora", LoraConfig.from_mapping(values))
+            except LoraConfigError as exc:
+                raise LocalConfigError(str(exc)) from exc
+        if not isinstance(self.lora, LoraConfig):
+            raise LocalConfigError(f"lora must be LoRA settings (a mapping), got {type(self.lora).__name__}")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise LocalConfigError(f"clip eps must be non-negative, got {self.clip_eps_low!r}/{self.clip_eps_high!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
@@ -170,7 +184,12 @@ class LocalStageConfig:
     @property
     def expert_name(self) -> str:
         """The name the adapter is served and saved under."""
-        return self.adapter_name or self.env
+        return self.lora.adapter_name or self.env
+
+    @property
+    def eval_budget(self) -> int:
+        """Tokens of one held-out evaluation rollout."""
+        return self.eval_max_response_len or self.max_response_len
 
     @property
     def adapter_dir(self) -> Path:
@@ -192,27 +211,13 @@ class LocalStageConfig:
         out["env_config"] = dict(self.env_config)
         out["monitor"] = dict(self.monitor)
         out["replay"] = dict(self.replay)
-        out["lora_target_modules"] = list(self.lora_target_modules)
+        out["lora"] = self.lora.to_dict()
         return out
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> LocalStageConfig:
         """Build from a plain mapping (a recipe section), naming any key the dataclass does not know."""
         return from_mapping(cls, values, "local-stage settings", LocalConfigError)
-
-
-def hf_target_modules(names: Any) -> tuple[str, ...]:
-    """PEFT module names; Megatron names from a shared LoRA recipe (``linear_qkv`` ...) are translated."""
-    if isinstance(names, str):
-        names = [names]
-    out: list[str] = []
-    for name in names or ():
-        for hf in HF_TARGETS.get(name, (name,)):
-            if hf not in out:
-                out.append(hf)
-    if not out:
-        raise LocalConfigError("lora_target_modules must name at least one module")
-    return tuple(out)
 
 
 def adapter_backbone(adapter: str | None) -> str | None:

@@ -148,10 +148,10 @@ def lora_trainer(cfg: LocalStageConfig, model_dir: Path, settings: TrainSettings
     return LoraTrainer.build(
         model_dir,
         settings,
-        rank=cfg.lora_rank,
-        alpha=cfg.lora_alpha,
-        dropout=cfg.lora_dropout,
-        target_modules=cfg.lora_target_modules,
+        rank=cfg.lora.rank,
+        alpha=cfg.lora.alpha,
+        dropout=cfg.lora.dropout,
+        target_modules=cfg.lora.hf_target_modules(),
         base_adapter=cfg.base_adapter,
         seed=cfg.seed,
     )
@@ -283,6 +283,7 @@ def rollout_args(
         sglang_router_port=int(port),
         hf_checkpoint=str(model_dir),
         rollout_max_response_len=cfg.max_response_len,
+        aclarena_response_budget=cfg.response_budget,
         aclarena_env_config={cfg.env: env_config},
         aclarena_experts={cfg.env: expert} if expert else {},
     )
@@ -366,7 +367,7 @@ async def evaluate(
     if not records:
         return {"n": 0, "mean_reward": None, "excluded": 0}
     samples = [new_sample(r, i, i) for i, r in enumerate(records)]
-    params = {"temperature": cfg.eval_temperature, "top_p": 1.0, "max_new_tokens": cfg.max_response_len}
+    params = {"temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p, "max_new_tokens": cfg.eval_budget}
     await _gather(samples, lambda s: _one(args, s, params, cfg.seed + EVAL_SEED_OFFSET), limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None

@@ -1,13 +1,15 @@
-"""LoRA settings for the Megatron actor: one frozen dataclass, read once from slime's ``args``.
+"""LoRA settings: the one type for a recipe's ``lora:`` section, the Megatron actor and the local backend.
 
-A recipe reaches the actor through ``--custom-config-path FILE.yaml``, which sets attributes on
-``args``: either one dict ``aclarena_lora: {rank: 16, alpha: 32, ...}`` or flat attributes
-``aclarena_lora_rank``, ``aclarena_lora_alpha``, ... (the flat ones win when both are given).
+The recipe schema's ``LoraSection`` is this class plus ``enabled``; the compiler hands its fields to the
+actor, and the local backend trains its expert with it (Megatron target names, mapped to Hugging Face
+projections through ``HF_TARGETS``). A recipe reaches the actor through ``--custom-config-path FILE.yaml``,
+which sets attributes on ``args``: either one dict ``aclarena_lora: {rank: 16, alpha: 32, ...}`` or flat
+attributes ``aclarena_lora_rank``, ``aclarena_lora_alpha``, ... (the flat ones win when both are given).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aclarena_slime.experts import ExpertError, validate_adapter_name
@@ -20,6 +22,9 @@ HF_TARGETS: dict[str, tuple[str, ...]] = {
     "linear_fc1": ("gate_proj", "up_proj"),
     "linear_fc2": ("down_proj",),
 }
+# Modules only the local backend (PEFT on a Hugging Face model) adapts: the HF projections one by one, and
+# the output head (a tiny random model learns through it; see tests/local/test_stage.py).
+HF_ONLY_TARGETS = tuple(dict.fromkeys(hf for names in HF_TARGETS.values() for hf in names)) + ("lm_head",)
 # Regex for slime's --only-train-params-name-list: matches adapter weights and nothing else.
 ADAPTER_PARAM_PATTERN = r"\.lora_[AB]\.weight$"
 SYNC_MODES = ("tensors", "disk")
@@ -32,9 +37,10 @@ class LoraConfigError(ValueError):
     """A LoRA setting that cannot work; the message names the setting."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class LoraConfig:
-    """What the adapters look like and how they reach SGLang.
+    """What the adapters look like and how they reach SGLang; validated when built (treat it as read-only:
+    it is a plain dataclass so that a recipe's structured config can merge into it).
 
     Defaults are the paper's MLE setting (rank 16, alpha 32 on the four GPT linears; from the
     authors' released scripts, WillDreamer/ACLArena).
@@ -43,11 +49,13 @@ class LoraConfig:
     rank: int = 16
     alpha: float = 32.0
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+    # Megatron module names (HF_TARGETS keys); the PEFT / SGLang names follow from them.
+    target_modules: list[str] = field(default_factory=lambda: list(HF_TARGETS))
     # Seeds the A matrices; the same seed gives the same adapter under any TP size.
     init_seed: int = 1234
-    # Name the adapter is served under by SGLang (the expert's env tag, e.g. "math").
-    adapter_name: str = "expert"
+    # Name the adapter is served under by SGLang (the expert's env tag, e.g. "math"); in a recipe, None
+    # means the data's env tag.
+    adapter_name: str | None = "expert"
     # "disk": after every step the PEFT directory <sync_dir>/<adapter_name> is written and SGLang loads it
     # (/load_lora_adapter); sync_dir must be readable by every SGLang server (a shared filesystem on
     # several nodes). The recipe compiler sets it to <checkpoint.save>/adapters.
@@ -66,27 +74,41 @@ class LoraConfig:
     pause_mode: str = "abort"
 
     def __post_init__(self) -> None:
+        if isinstance(self.target_modules, str):
+            self.target_modules = self.target_modules.split(",")
+        self.target_modules = list(self.target_modules)
         if not isinstance(self.rank, int) or self.rank < 1:
             raise LoraConfigError(f"lora rank must be a positive integer, got {self.rank!r}")
         if self.alpha <= 0:
             raise LoraConfigError(f"lora alpha must be positive, got {self.alpha!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise LoraConfigError(f"lora dropout must be in [0, 1), got {self.dropout!r}")
-        unknown = sorted(set(self.target_modules) - set(HF_TARGETS))
+        unknown = sorted(set(self.target_modules) - set(HF_TARGETS) - set(HF_ONLY_TARGETS))
         if unknown or not self.target_modules:
             raise LoraConfigError(
-                f"lora target_modules must be a non-empty subset of {sorted(HF_TARGETS)}, got unknown {unknown}"
+                f"lora target_modules must be a non-empty subset of {sorted(HF_TARGETS)} (or, on the local "
+                f"backend, of {list(HF_ONLY_TARGETS)}), got unknown {unknown}"
             )
         if self.sync_mode not in SYNC_MODES:
             raise LoraConfigError(f"lora sync_mode must be one of {SYNC_MODES}, got {self.sync_mode!r}")
         try:
-            validate_adapter_name(self.adapter_name)  # SGLang's name for it, and its folder under sync_dir
+            if self.adapter_name is not None:  # SGLang's name for it, and its folder under sync_dir
+                validate_adapter_name(self.adapter_name)
         except ExpertError as exc:
             raise LoraConfigError(f"lora adapter_name: {exc}") from exc
         if self.pause_mode not in PAUSE_MODES:
             raise LoraConfigError(f"lora pause_mode must be one of {PAUSE_MODES}, got {self.pause_mode!r}")
         if self.sglang_payload not in PAYLOAD_SCHEMAS:
             raise LoraConfigError(f"lora sglang_payload must be one of {PAYLOAD_SCHEMAS}, got {self.sglang_payload!r}")
+
+    def require_megatron_targets(self) -> None:
+        """The Megatron actor adapts its fused linears only: refuse a Hugging Face module name."""
+        hf_only = [name for name in self.target_modules if name not in HF_TARGETS]
+        if hf_only:
+            raise LoraConfigError(
+                f"lora target_modules {hf_only} are Hugging Face module names, which only the local backend adapts; "
+                f"the Megatron actor takes {sorted(HF_TARGETS)}"
+            )
 
     def require_sync_dir(self) -> None:
         """Disk sync writes under ``sync_dir``: refuse to start a run that would fail at its first sync."""
@@ -99,20 +121,18 @@ class LoraConfig:
         return self.alpha / self.rank
 
     def hf_target_modules(self) -> list[str]:
-        """The PEFT / SGLang module names these targets become."""
-        return [hf for name in self.target_modules for hf in HF_TARGETS[name]]
+        """The PEFT / SGLang module names these targets become (Megatron names split, HF names kept)."""
+        return list(dict.fromkeys(hf for name in self.target_modules for hf in HF_TARGETS.get(name, (name,))))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields of this class only (a recipe's ``LoraSection`` adds ``enabled``, which is not a setting
+        of the adapter)."""
+        return {f.name: getattr(self, f.name) for f in fields(LoraConfig)}
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> LoraConfig:
         """Build from a plain dict; unknown keys are an error, so a typo never goes unnoticed."""
-        values = dict(values)
-        if "target_modules" in values:
-            targets = values["target_modules"]
-            values["target_modules"] = tuple(targets.split(",") if isinstance(targets, str) else targets)
-        return from_mapping(cls, values, "lora settings", LoraConfigError)
+        return from_mapping(cls, dict(values), "lora settings", LoraConfigError)
 
     @classmethod
     def from_args(cls, args: Any) -> LoraConfig:
@@ -122,4 +142,6 @@ class LoraConfig:
             flat = getattr(args, f"aclarena_lora_{f.name}", None)
             if flat is not None:
                 values[f.name] = flat
-        return cls.from_mapping(values)
+        config = cls.from_mapping(values)
+        config.require_megatron_targets()
+        return config

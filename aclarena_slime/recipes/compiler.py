@@ -197,17 +197,13 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     if not section.enabled:
         return None
     values = {
-        "rank": section.rank,
-        "alpha": section.alpha,
-        "dropout": section.dropout,
-        "target_modules": list(section.target_modules),
+        **section.to_dict(),
         "adapter_name": section.adapter_name or recipe.data.env,
-        "sync_mode": section.sync_mode,
         "sync_dir": section.sync_dir or f"{recipe.checkpoint.save}/adapters",
-        **section.extra,
     }
     try:
         config = LoraConfig.from_mapping(values)
+        config.require_megatron_targets()
     except LoraConfigError as exc:
         raise RecipeError(f"lora: {exc}") from exc
     # The megatron-init hook refuses both at run time (aclarena_slime.slime_edge.lora.check_args): say so first.

@@ -3,6 +3,11 @@
 Composition uses Hydra's compose API on the recipe's own folder (the one holding the config groups
 ``model/``, ``cluster/``, ``algorithm/``, ``lora/``, ``data/``), then merges the result into the
 structured schema, so a key the schema lacks fails with a message naming it.
+
+A cluster profile may name a backend profile (``cluster.profile``, e.g. ``local``): recipe settings that
+backend runs with, in ``profile/<name>.yaml``, then the stage env's own in ``env/<name>/<tag>.yaml`` (when
+there is one), both ``# @package _global_``. They are composed after the recipe and before the
+command-line overrides, so the profile wins over the recipe and the command line over both.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from aclarena_slime.launcher import addresses
 from aclarena_slime.recipes.schema import BACKENDS, KINDS, StageRecipe
 
-GROUPS = ("paths", "model", "cluster", "algorithm", "lora", "data", "env", "service")
+GROUPS = ("paths", "model", "cluster", "algorithm", "lora", "data", "env", "service", "profile")
 
 
 class RecipeError(ValueError):
@@ -43,9 +48,32 @@ def compose_config(recipe: str | Path, overrides: list[str] | tuple[str, ...] = 
     root = recipes_root(path)
     try:
         with initialize_config_dir(config_dir=str(root), version_base="1.3"):
-            return compose(config_name=path.stem, overrides=list(overrides))
+            # The choices first (a value override may name a key only the profile adds), then everything.
+            choices = compose(config_name=path.stem, overrides=[o for o in overrides if _picks_profile(o)])
+            profile = profile_overrides(choices, root)
+            return compose(config_name=path.stem, overrides=[*profile, *overrides])
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise RecipeError(f"{path}: {_first_line(exc)}") from exc
+
+
+def _picks_profile(override: str) -> bool:
+    """Whether an override can change which profile applies: a group choice, cluster.profile or data.env."""
+    key = override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+    return "." not in key or key in ("cluster.profile", "data.env")
+
+
+def profile_overrides(composed: DictConfig, root: Path) -> list[str]:
+    """The Hydra overrides that add the cluster's backend profile and its env's part to a composition."""
+    name = OmegaConf.select(composed, "cluster.profile")
+    if not name:
+        return []
+    if not (root / "profile" / f"{name}.yaml").is_file():
+        raise RecipeError(f"cluster.profile={name!r}: no {root / 'profile' / name}.yaml")
+    out = [f"+profile@_global_={name}"]
+    env = OmegaConf.select(composed, "data.env", default=None)
+    if env and (root / "env" / name / f"{env}.yaml").is_file():
+        out.append(f"+env/{name}@_global_={env}")
+    return out
 
 
 def load_recipe(recipe: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StageRecipe:
@@ -64,7 +92,9 @@ def to_recipe(composed: DictConfig, source: str = "<recipe>") -> StageRecipe:
         if missing:
             raise RecipeError(f"{source}: required settings have no value: {', '.join(missing)}")
         recipe: StageRecipe = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
+    except RecipeError:
+        raise
+    except (OmegaConfBaseException, ValueError) as exc:  # ValueError: a section's own check (LoraConfig, ...)
         raise RecipeError(f"{source}: {_first_line(exc)}") from exc
     _check_choices(recipe, source)
     return recipe

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.slime_edge import path as hook_path
 from aclarena_slime.slime_edge.custom import CustomConfig
 
@@ -67,7 +68,12 @@ class ClusterConfig:
     # services and loopback are always in the job's no_proxy.
     no_proxy: list[str] = field(default_factory=list)
     ray: RayConfig = field(default_factory=RayConfig)
-    local: dict[str, Any] = field(default_factory=dict)  # LocalStageConfig settings (backend local)
+    # The backend profile this cluster applies over the recipe (recipes/profile/<profile>.yaml and the stage
+    # env's recipes/env/<profile>/<tag>.yaml; see aclarena_slime.recipes.compose); None: the recipe as it is.
+    profile: str | None = None
+    # The local backend's own settings (model, threads, engine, warm start: LocalStageConfig's backend fields,
+    # aclarena_slime.launcher.local_stage.BACKEND_FIELDS); the recipe's other sections give the rest.
+    local: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,18 +99,16 @@ class AlgorithmConfig:
 
 
 @dataclass
-class LoraSection:
+class LoraSection(LoraConfig):
+    """The recipe's ``lora:``: the one LoRA settings type (:class:`~aclarena_slime.lora.config.LoraConfig`,
+    validated when the recipe is built) plus whether the stage trains adapters at all.
+
+    In a recipe ``adapter_name`` None is the data's env tag, and ``sync_dir`` None is
+    ``<checkpoint.save>/adapters`` (every SGLang server reads it: on several nodes a shared filesystem).
+    """
+
     enabled: bool = False
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
-    adapter_name: str | None = None  # served name of the expert; defaults to the data's env tag
-    sync_mode: str = "disk"  # see aclarena_slime.lora.config.LoraConfig.sync_mode
-    # Where disk sync writes <adapter_name>/ after every step (the stage's expert); None: <checkpoint.save>/adapters.
-    # Every SGLang server reads it: on several nodes it must be on a shared filesystem.
-    sync_dir: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # other aclarena_lora settings (LoraConfig fields)
+    adapter_name: str | None = None
 
 
 @dataclass

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +17,11 @@ def test_defaults_and_derived_paths(tmp_path):
 
 
 def test_megatron_target_names_become_peft_names():
-    cfg = LocalStageConfig(env="math", output_dir="o", lora_target_modules=["linear_qkv", "linear_fc1", "o_proj"])
-    assert cfg.lora_target_modules == ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "o_proj")
+    cfg = LocalStageConfig(env="math", output_dir="o", lora={"target_modules": ["linear_qkv", "linear_fc1", "o_proj"]})
+    assert cfg.lora.hf_target_modules() == ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "o_proj"]
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.expert_name) == (8, 16.0, "math")  # the local default, over a mapping
+    with pytest.raises(LocalConfigError, match="lm_heads"):
+        LocalStageConfig(env="math", output_dir="o", lora={"target_modules": ["lm_heads"]})
 
 
 def test_round_trip_through_a_mapping():
@@ -34,8 +37,9 @@ def test_round_trip_through_a_mapping():
         ("lr", 0.0, "lr"),
         ("temperature", 0.0, "temperature"),
         ("top_p", 1.5, "top_p"),
-        ("lora_dropout", 1.0, "lora_dropout"),
-        ("lora_target_modules", [], "lora_target_modules"),
+        ("lora", {"dropout": 1.0}, "dropout"),
+        ("lora", {"target_modules": []}, "target_modules"),
+        ("lora", {"rnak": 4}, "rnak"),
         ("engine_port", 70000, "engine_port"),
         ("env_config", ["x"], "env_config"),
     ],
@@ -50,18 +54,11 @@ def test_unknown_keys_are_named():
         LocalStageConfig.from_mapping({"env": "math", "output_dir": "o", "stepz": 3})
 
 
-def test_cli_builds_the_config_and_names_bad_settings():
-    from aclarena_slime.cli import CommandError
-    from aclarena_slime.cli.local import config_from_args
+def test_cli_run_stage_composes_a_recipe_and_names_bad_settings(tmp_path, capsys):
+    from aclarena_slime.cli import main
 
-    def args(*sets, env_config="{}"):
-        return SimpleNamespace(env="math", output_dir="o", model="tiny", steps=3, env_config=env_config, set=list(sets))
-
-    cfg = config_from_args(args("lr=0.01", 'lora_target_modules=["q_proj"]', "adapter_name=m1"))
-    assert (cfg.steps, cfg.lr, cfg.lora_target_modules, cfg.expert_name) == (3, 0.01, ("q_proj",), "m1")
-    with pytest.raises(CommandError, match="KEY=VALUE"):
-        config_from_args(args("nonsense=1"))
-    with pytest.raises(CommandError, match="lr"):
-        config_from_args(args("lr=-1"))
-    with pytest.raises(CommandError, match="env-config"):
-        config_from_args(args(env_config="{x"))
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes/stage1_math.yaml")
+    assert main(["local", "run-stage", recipe, f"paths.root={tmp_path}", "algorithm.lr=-1"]) != 0
+    assert "lr must be positive" in capsys.readouterr().err
+    assert main(["local", "run-stage", recipe, f"paths.root={tmp_path}", "rollout.n_samplez=2"]) != 0
+    assert "n_samplez" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,8 +53,7 @@ def test_reward_rises_on_the_learnable_env(tmp_path):
         max_response_len=8,
         eval_size=8,
         lr=5e-2,
-        lora_rank=8,
-        lora_target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj", "lm_head"],
+        lora={"rank": 8, "target_modules": ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj", "lm_head"]},
     )
     metrics = run_stage(cfg)
     rewards = [s["reward_mean"] for s in metrics["steps"]]
@@ -132,10 +132,12 @@ def test_cli_json_output_is_clean_json(tmp_path):
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "aclarena_slime", "local", "run-stage", "--env", "mock", "--output-dir",
-         str(tmp_path / "out"), "--steps", "1", "--set", "eval_size=2", "--json"],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "aclarena_slime", "local", "run-stage", "recipes/stage4_if.yaml", "data.env=mock",
+         "++env_config.mock={}", f"paths.root={tmp_path}", "rollout.num_rollout=1", "rollout.rollout_batch_size=2",
+         "rollout.n_samples_per_prompt=2", "cluster.local.eval_size=2", "cluster.local.warm_start_steps=0", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     metrics = json.loads(done.stdout)
-    assert metrics["env"] == "mock" and (tmp_path / "out" / "adapter" / "adapter_config.json").exists()
+    assert metrics["env"] == "mock" and len(metrics["steps"]) == 1
+    assert (tmp_path / "runs" / "stage4_if" / "local" / "adapter" / "adapter_config.json").exists()

@@ -24,7 +24,16 @@ def test_from_args_dict_and_flat_attributes_flat_wins():
 
 def test_target_modules_accept_a_comma_string():
     config = LoraConfig.from_mapping({"target_modules": "linear_qkv,linear_proj"})
-    assert config.target_modules == ("linear_qkv", "linear_proj")
+    assert config.target_modules == ["linear_qkv", "linear_proj"]
+
+
+def test_hugging_face_module_names_are_for_the_local_backend_only():
+    config = LoraConfig.from_mapping({"target_modules": ["q_proj", "lm_head", "linear_fc2"]})
+    assert config.hf_target_modules() == ["q_proj", "lm_head", "down_proj"]  # what PEFT adapts on the local backend
+    with pytest.raises(LoraConfigError, match="only the local backend"):
+        config.require_megatron_targets()
+    with pytest.raises(LoraConfigError, match="only the local backend"):
+        LoraConfig.from_args(SimpleNamespace(aclarena_lora={"target_modules": ["q_proj"]}))
 
 
 @pytest.mark.parametrize(
@@ -33,7 +42,7 @@ def test_target_modules_accept_a_comma_string():
         ({"rank": 0}, "rank"),
         ({"alpha": -1}, "alpha"),
         ({"dropout": 1.0}, "dropout"),
-        ({"target_modules": ["q_proj"]}, "target_modules"),
+        ({"target_modules": ["q_projection"]}, "target_modules"),
         ({"sync_mode": "nfs"}, "sync_mode"),
         ({"adapter_name": "../math"}, "adapter_name"),
         ({"adapter_name": "math/v2"}, "adapter_name"),

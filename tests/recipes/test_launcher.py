@@ -70,12 +70,12 @@ def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
     recipe = load_recipe(REPO / "recipes/mle_search.yaml", [f"paths.root={tmp_path}", "cluster=local"])
     cfg = local_config(recipe)
     assert cfg.env == "search" and cfg.model == "tiny" and cfg.steps == 2
-    assert (cfg.lora_rank, cfg.lora_alpha, cfg.expert_name) == (16, 32.0, "search")
-    assert "q_proj" in cfg.lora_target_modules  # Megatron names translated for PEFT
-    assert cfg.env_config["max_turns"] == 5  # the recipe's env settings, under cluster.local's (topk: 1)
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.expert_name) == (16, 32.0, "search")
+    assert "q_proj" in cfg.lora.hf_target_modules()  # Megatron names translated for PEFT
+    assert cfg.env_config["max_turns"] == 5  # the recipe's env settings, under the local profile's (topk: 1)
     assert cfg.env_config["topk"] == 1
     assert cfg.output_dir == str(tmp_path / "runs" / "mle_search" / "local")
-    with pytest.raises(RecipeError, match="unknown local-stage settings"):
+    with pytest.raises(RecipeError, match="unknown cluster.local settings"):
         local_config(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
     with pytest.raises(RecipeError, match="RL stages and SFT warm starts"):
         local_config(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))

@@ -15,8 +15,8 @@ TAU3 = REPO.parent / "shared" / "data" / "tau3-retail"
 RL_RECIPES = sorted(
     p.stem for p in (REPO / "recipes").glob("*.yaml") if load_recipe(str(p), ["paths.root=/x"]).kind == "rl"
 )
-SMALL = ["cluster.local.steps=2", "cluster.local.prompts_per_step=1", "cluster.local.samples_per_prompt=2",
-         "cluster.local.eval_size=1", "cluster.local.max_response_len=24",
+SMALL = ["rollout.num_rollout=2", "rollout.rollout_batch_size=1", "rollout.n_samples_per_prompt=2",
+         "cluster.local.eval_size=1", "rollout.rollout_max_response_len=24",
          "cluster.local.warm_start_steps=0"]  # fmt: skip  (the warm start has its tests in tests/local)
 
 

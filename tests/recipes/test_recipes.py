@@ -18,6 +18,8 @@ STAGE_RECIPES = sorted(RECIPES.glob("*.yaml"))
 GROUP_FILES = sorted(p for g in GROUPS for p in (RECIPES / g).glob("*.yaml"))
 CURRICULA = sorted((RECIPES / "curriculum").glob("*.yaml"))
 EVAL_SUITES = sorted((RECIPES / "eval").glob("*.yaml"))
+# The envs' parts of a backend profile: recipes/env/<profile>/<tag>.yaml
+ENV_PROFILES = sorted(p for p in (RECIPES / "env").glob("*/*.yaml"))
 # Plugin paths referenced before their modules exist (none left: the distillation plugins landed).
 PENDING_PLUGINS: set[str] = set()
 
@@ -39,16 +41,19 @@ def flag_value(argv: list[str], flag: str) -> list[str]:
 
 def test_every_yaml_under_recipes_is_covered():
     """No silent skipping: each YAML is a stage recipe, a group option, a curriculum or an eval suite."""
-    covered = set(STAGE_RECIPES) | set(GROUP_FILES) | set(CURRICULA) | set(EVAL_SUITES)
+    covered = set(STAGE_RECIPES) | set(GROUP_FILES) | set(CURRICULA) | set(EVAL_SUITES) | set(ENV_PROFILES)
     covered |= {RECIPES / "fidelity" / "authors.yaml"}  # data, checked by test_fidelity.py
     every = set(RECIPES.rglob("*.yaml")) | set(RECIPES.rglob("*.yml"))
     assert every - covered == set()
     assert len(STAGE_RECIPES) >= 14
 
 
-@pytest.mark.parametrize("path", STAGE_RECIPES + GROUP_FILES + CURRICULA, ids=lambda p: str(p.relative_to(RECIPES)))
+@pytest.mark.parametrize(
+    "path", STAGE_RECIPES + GROUP_FILES + CURRICULA + ENV_PROFILES, ids=lambda p: str(p.relative_to(RECIPES))
+)
 def test_each_yaml_opens_with_the_command_that_runs_it(path: Path):
-    first = path.read_text().splitlines()[0]
+    lines = path.read_text().splitlines()
+    first = lines[1] if lines[0] == "# @package _global_" else lines[0]
     assert first.startswith("# ") and ("launch/stage.sh" in first or "launch/curriculum.sh" in first or "e.g." in first)
 
 
@@ -76,6 +81,8 @@ def test_each_group_option_composes_into_a_stage(option: Path, tmp_path: Path):
     group, name = option.parent.name, option.stem
     tag = yaml.safe_load(option.read_text())["env"] if group == "data" else name
     overrides = [] if group in ("env", "service") else [f"{group}={name}"]
+    if group == "profile":  # a backend profile is picked by the cluster (cluster=local names profile local)
+        overrides = [f"cluster.profile={name}"]
     if group == "data" and tag == "mixture":
         overrides.append("kind=sft")
     elif group in ("data", "env") and tag != "search":  # stage2_search already has search + retriever
@@ -268,3 +275,20 @@ def test_mle_experts_load_the_authors_sdft_iteration(tmp_path: Path):
         assert step % backbone.checkpoint.save_interval == 0, f"{name}: iteration {step} is never saved"
     with pytest.raises(ValueError, match="ckpt_step"):
         load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "checkpoint.ckpt_step=0"])
+
+
+@pytest.mark.parametrize("path", ENV_PROFILES, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_each_env_part_of_a_backend_profile_maps_onto_its_backend(path: Path, tmp_path: Path):
+    """recipes/env/local/<tag>.yaml: composed by cluster=local for a stage of that env, mapped without error."""
+    from aclarena_slime.launcher.local_stage import local_config
+
+    profile, tag = path.parent.name, path.stem
+    assert profile == "local"  # the one backend profile so far
+    stage = next(p for p in STAGE_RECIPES if load_recipe(p, [f"paths.root={tmp_path}"]).data.env == tag)
+    recipe = load_recipe(stage, [f"paths.root={tmp_path}", "cluster=local"])
+    part = yaml.safe_load(path.read_text())
+    cfg = local_config(recipe)
+    if "rollout" in part:
+        assert cfg.max_response_len == part["rollout"]["rollout_max_response_len"]
+    for key, value in part.get("cluster", {}).get("local", {}).items():
+        assert getattr(cfg, key) == value, key

@@ -1,0 +1,99 @@
+"""The local backend runs the recipe: its sections are the one source, the local profile sets the same keys,
+the command line wins over both, and what the backend cannot run is refused or warned about by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aclarena_slime.launcher.local_stage import local_config
+from aclarena_slime.launcher.stage import local_profile, main, normalise_overrides
+from aclarena_slime.recipes.compose import RecipeError, load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+MATH = str(REPO / "recipes/stage1_math.yaml")
+
+
+def stage_sh_local(recipe: str, *overrides: str):
+    """What ``launch/stage.sh RECIPE OVERRIDES`` builds on a machine where the local backend is chosen."""
+    items = normalise_overrides(list(overrides))
+    return local_config(local_profile(recipe, items, load_recipe(recipe, items)))
+
+
+def test_command_line_overrides_reach_the_local_stage(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = stage_sh_local(MATH, "algorithm.lr=5e-3", "rollout.n_samples_per_prompt=2")
+    assert (cfg.lr, cfg.samples_per_prompt) == (5e-3, 2)
+    # The rest comes from the local profile (recipes/profile/local.yaml, recipes/env/local/math.yaml).
+    assert (cfg.steps, cfg.prompts_per_step, cfg.max_response_len, cfg.model) == (2, 8, 32, "tiny")
+    assert cfg.output_dir == str(tmp_path / "runs" / "stage1_math" / "local")
+
+
+def test_dry_run_prints_the_overridden_local_settings(tmp_path: Path, capsys):
+    args = [MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local", "algorithm.lr=5e-3",
+            "rollout.n_samples_per_prompt=2", "rollout.num_rollout=3", "rollout.rollout_batch_size=5"]  # fmt: skip
+    assert main(args) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("# local backend settings: "))
+    settings = json.loads(line.split(": ", 1)[1])
+    assert (settings["lr"], settings["samples_per_prompt"], settings["steps"], settings["prompts_per_step"]) == (
+        5e-3, 2, 3, 5
+    )  # fmt: skip
+
+
+def test_recipe_sections_map_onto_the_local_stage(tmp_path: Path):
+    recipe = load_recipe(
+        REPO / "recipes/mle_search.yaml",
+        [f"paths.root={tmp_path}", "cluster=local", "rollout.rollout_temperature=0.7", "algorithm.eps_clip_high=0.3",
+         "data.eval_temperature=0.5", "data.eval_max_response_len=64", "lora.rank=4", "lora.dropout=0.1",
+         "custom.aclarena_response_budget=per_turn"],
+    )  # fmt: skip
+    cfg = local_config(recipe)
+    assert (cfg.temperature, cfg.clip_eps_low, cfg.clip_eps_high) == (0.7, 0.2, 0.3)
+    assert (cfg.eval_temperature, cfg.eval_budget, cfg.response_budget) == (0.5, 64, "per_turn")
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.expert_name) == (4, 32.0, 0.1, "search")
+    assert cfg.lora.hf_target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    # The env's local part: its demo turns, its budget, the demo corpus instead of the retriever service.
+    assert cfg.warm_start_demos == "aclarena_envs.search.data.demo_turns" and cfg.max_response_len == 416
+    assert cfg.env_config["retriever_url"] is None and cfg.env_config["topk"] == 3
+
+
+def test_the_local_profile_names_no_env_tag():
+    text = (REPO / "recipes/cluster/local.yaml").read_text() + (REPO / "recipes/profile/local.yaml").read_text()
+    for tag in ("math", "search", "retail", "ifeval"):
+        assert f" {tag}" not in text.replace("stage1_math", ""), tag
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("algorithm.use_tis=true", "algorithm.use_tis"),
+        ("algorithm.advantage_estimator=gspo", "algorithm.advantage_estimator"),
+        ("algorithm.weight_decay=0.1", "algorithm.weight_decay"),
+        ("rollout.dynamic_sampling_filter_path=aclarena_slime.group_rewards.drop_no_tool",
+         "rollout.dynamic_sampling_filter_path"),
+        ("data.n_samples_per_eval_prompt=16", "data.n_samples_per_eval_prompt"),
+        ("++cluster.local.steps=3", "rollout.num_rollout instead of cluster.local.steps"),
+        ("++cluster.local.stepz=3", "unknown cluster.local settings"),
+    ],
+)  # fmt: skip
+def test_a_setting_the_local_backend_cannot_run_is_an_error_naming_it(override: str, named: str, tmp_path: Path):
+    with pytest.raises(RecipeError, match=named.replace(".", r"\.")):
+        local_config(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", override]))
+
+
+def test_kl_and_full_fine_tuning_run_with_a_warning_naming_them(tmp_path: Path):
+    recipe = load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "algorithm.use_kl_loss=true"])
+    with pytest.warns(UserWarning) as caught:
+        local_config(recipe)
+    text = " ".join(str(w.message) for w in caught)
+    assert "algorithm.use_kl_loss=True" in text and "kl_loss_coef 0.01" in text
+    assert "lora.enabled=false" in text
+
+
+def test_the_slime_command_is_the_recipe_without_the_local_profile(tmp_path: Path):
+    paper = load_recipe(MATH, [f"paths.root={tmp_path}"])
+    assert (paper.algorithm.lr, paper.rollout.n_samples_per_prompt, paper.algorithm.use_kl_loss) == (1e-6, 16, True)
+    plain = load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "cluster.profile=null"])
+    assert plain.cluster.name == "local" and plain.rollout.n_samples_per_prompt == 16
