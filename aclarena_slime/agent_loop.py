@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aclarena_slime.chat_tokens import ChatTokens
-from aclarena_slime.contract import Done, Environment, EpisodeAborted, Observation, Score, Task
+from aclarena_slime.plugin.contract import Done, Environment, EpisodeAborted, Observation, Score, Task
 from aclarena_slime.sglang_client import SGLangClient, finish_reason, output_tokens
 
 log = logging.getLogger(__name__)

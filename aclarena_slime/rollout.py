@@ -18,9 +18,9 @@ import aiohttp
 
 from aclarena_slime.agent_loop import ABORTED, FAILED, LoopSettings, Trajectory, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
-from aclarena_slime.contract import Done, Environment, Task
 from aclarena_slime.experts import ExpertTable
-from aclarena_slime.registry import get_environment
+from aclarena_slime.plugin.contract import Done, Environment, Task
+from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient, new_session
 
 RECORD_KEY = "aclarena"

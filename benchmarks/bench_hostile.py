@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_hostile.py [--turns 10000] [--size 20000] [--retail-data DIR] [--env TAG ...]
 
-Drives ``--turns`` hostile turns per env (the families of :mod:`aclarena_slime.hostile`, in turn, up to
+Drives ``--turns`` hostile turns per env (the families of :mod:`aclarena_slime.plugin.hostile`, in turn, up to
 ``--size`` characters) two ways and prints a table per way:
 
 - **contract**: ``start`` / ``step`` / ``score`` on the env object, each call timed on its own, in
@@ -33,8 +33,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aclarena_slime import hostile, registry
-from aclarena_slime.contract import Environment, Observation, Task
+from aclarena_slime.plugin import hostile, registry
+from aclarena_slime.plugin.contract import Environment, Observation, Task
 from aclarena_slime.slime_edge.rollout import close_context, generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, make_args

@@ -30,7 +30,7 @@ from rich.table import Table
 from aclarena_envs.math import exact
 from aclarena_envs.math.env import MathEnvironment
 from aclarena_envs.math.verifier import VerifierPool, verify_answer
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.contract import Task
 
 ANSWER_SET = Path(__file__).with_suffix(".jsonl")
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from aclarena_slime import hostile
-from aclarena_slime.conformance import ConformanceError, check_hostile_outputs
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
+from aclarena_slime.plugin import hostile
+from aclarena_slime.plugin.conformance import ConformanceError, check_hostile_outputs
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
 
 
 class Fragile(Episode):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from aclarena_slime import registry
 from aclarena_slime.agent_loop import LoopSettings, Trajectory
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Observation, Score
+from aclarena_slime.plugin import registry
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Observation, Score
 from aclarena_slime.rollout import Budgets, loop_settings
 from aclarena_slime.slime_edge.rollout import build_context, generate
 from aclarena_slime.testing.fake_sglang import FakeSGLang, fake_logprob

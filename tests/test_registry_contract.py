@@ -7,9 +7,9 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from aclarena_slime import registry
-from aclarena_slime.conformance import ConformanceError, check_environment
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
+from aclarena_slime.plugin import registry
+from aclarena_slime.plugin.conformance import ConformanceError, check_environment
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
 
 
 def test_in_repo_plugins_are_discovered_through_entry_points():
@@ -32,7 +32,7 @@ def test_a_broken_plugin_fails_loudly_with_its_name(monkeypatch):
 
 def test_a_factory_that_builds_no_environment_is_refused():
     registry.register("not-an-env", lambda config: object())
-    with pytest.raises(TypeError, match="not an aclarena_slime.contract.Environment"):
+    with pytest.raises(TypeError, match="not an aclarena_slime.plugin.contract.Environment"):
         registry.get_environment("not-an-env")
 
 

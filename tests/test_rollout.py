@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from aclarena_slime import registry
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score
+from aclarena_slime.plugin import registry
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score
 from aclarena_slime.rollout import MissingEnvTag
 from aclarena_slime.slime_edge.rollout import generate, reward, reward_post_process
 from aclarena_slime.testing.fake_sglang import FakeSGLang, Reply, fake_logprob

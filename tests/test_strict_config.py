@@ -2,7 +2,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.settings import from_mapping
 
 
 @dataclass

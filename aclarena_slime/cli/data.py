@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, load_factory
+    from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment, load_factory
 
     try:
         factory = load_factory(args.env)

@@ -122,7 +122,7 @@ def run_command(args: argparse.Namespace) -> int:
     from aclarena_slime.evaluation import ResultsExist, RunSettings, SuiteError, load_experts, load_suite, run_suite
     from aclarena_slime.evaluation.records import DatasetError
     from aclarena_slime.experts import ExpertError, ExpertTable
-    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment
+    from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment
     from aclarena_slime.sglang_client import SGLangClient, SGLangError, new_session
 
     try:

@@ -57,8 +57,8 @@ def run_stage_command(args: argparse.Namespace) -> int:
     from aclarena_slime.launcher.stage import local_profile, normalise_overrides
     from aclarena_slime.local.records import RecordError
     from aclarena_slime.local.stage import LocalStageError
+    from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment
     from aclarena_slime.recipes.compose import RecipeError, load_recipe
-    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment
 
     try:
         overrides = normalise_overrides(list(args.overrides))

@@ -34,8 +34,8 @@ def _json_arg(name: str, text: str) -> Any:
 
 
 async def score_response(tag: str, response: str, label: Any, metadata: dict, prompt: str, config: dict) -> dict:
-    from aclarena_slime.contract import Done, Task
-    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment, get_environment
+    from aclarena_slime.plugin.contract import Done, Task
+    from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment, get_environment
 
     try:
         env = get_environment(tag, config)

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_classifier(spec: str | None, tags: Iterable[str]) -> TagClassifier | None:
     """A saved classifier, or ``builtin``: one trained now on the routing prompts of the env plugins of ``tags``."""
-    from aclarena_slime.registry import PluginLoadError, UnknownEnvironment
+    from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment
     from aclarena_slime.router.classifier import TagClassifier
     from aclarena_slime.router.tag_prompts import labelled_prompts
 

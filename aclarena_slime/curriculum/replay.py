@@ -65,7 +65,7 @@ def local_replay(cfg: Any, train: list[dict[str, Any]], args: Any, url: str) -> 
         return train
     from aclarena_slime.local.records import demo_records
     from aclarena_slime.local.stage import bind_engine
-    from aclarena_slime.registry import get_environment
+    from aclarena_slime.plugin.registry import get_environment
 
     earlier = {}
     for tag in values["domains"]:

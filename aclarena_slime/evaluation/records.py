@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aclarena_slime.contract import Task
 from aclarena_slime.jsonl import JsonlError, iter_jsonl
+from aclarena_slime.plugin.contract import Task
 
 
 class DatasetError(ValueError):

@@ -22,13 +22,13 @@ from typing import Any, TextIO
 
 from aclarena_slime.agent_loop import FAILED, LoopSettings, Trajectory, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
-from aclarena_slime.contract import Environment, Task
 from aclarena_slime.evaluation.records import read_tasks
 from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError
 from aclarena_slime.evaluation.summary import build_summary, latest_by_key, summarize_dataset
 from aclarena_slime.experts import ExpertTable, UnknownExpert
 from aclarena_slime.jsonl import write_json_atomic
-from aclarena_slime.registry import load_factory
+from aclarena_slime.plugin.contract import Environment, Task
+from aclarena_slime.plugin.registry import load_factory
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
 
 EnvFactory = Callable[[str, Mapping[str, Any]], Environment]
@@ -56,7 +56,7 @@ def build_environment(tag: str, config: Mapping[str, Any]) -> Environment:
     """A fresh env owned by the run (closed at its end), not the process-wide shared instance."""
     env = load_factory(tag)(dict(config))
     if not isinstance(env, Environment):
-        raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.contract.Environment")
+        raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.plugin.contract.Environment")
     return env
 
 

@@ -223,8 +223,8 @@ def _first_records(path: Path, n: int) -> list[dict[str, Any]]:
 
 
 async def _start_records(recipe: StageRecipe, records: list[dict[str, Any]]) -> None:
-    from aclarena_slime.contract import Task
-    from aclarena_slime.registry import load_factory
+    from aclarena_slime.plugin.contract import Task
+    from aclarena_slime.plugin.registry import load_factory
 
     data = recipe.data
     env = load_factory(data.env)(dict(recipe.env_config.get(data.env) or {}))

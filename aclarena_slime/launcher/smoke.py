@@ -536,7 +536,7 @@ def _data(settings: SmokeSettings, recipe: StageRecipe, local: dict[str, Any], w
         return Path(train).resolve(), Path(evaluation).resolve() if evaluation else None
     from aclarena_slime.jsonl import write_jsonl_atomic
     from aclarena_slime.local.records import RecordError, demo_records
-    from aclarena_slime.registry import get_environment
+    from aclarena_slime.plugin.registry import get_environment
 
     env = get_environment(recipe.data.env, dict(local.get("env_config") or {}))
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aclarena_slime.lora.config import LoraConfig, LoraConfigError
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.settings import from_mapping
 
 TINY_MODEL = "tiny"
 RESPONSE_BUDGETS = ("total", "per_turn")  # aclarena_slime.rollout's aclarena_response_budget

@@ -23,8 +23,8 @@ from typing import Any
 
 from aclarena_slime.agent_loop import COMPLETED, LoopSettings, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
-from aclarena_slime.contract import Environment, Task
 from aclarena_slime.local.sft import SftExample
+from aclarena_slime.plugin.contract import Environment, Task
 
 DemoTurns = Callable[[dict[str, Any]], list[str]]
 

@@ -11,8 +11,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.contract import Environment
 from aclarena_slime.jsonl import JsonlError, iter_jsonl
+from aclarena_slime.plugin.contract import Environment
 from aclarena_slime.sample import Sample
 
 

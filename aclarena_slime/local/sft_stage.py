@@ -36,7 +36,7 @@ from aclarena_slime.local.stage import (
     to_train_sample,
 )
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
-from aclarena_slime.registry import get_environment
+from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient
 from aclarena_slime.slime_edge.rollout import close_context
 

@@ -45,7 +45,7 @@ from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.records import Sample, demo_records, new_sample, read_jsonl, take
 from aclarena_slime.local.sft import SftSettings, warm_start
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
-from aclarena_slime.registry import get_environment
+from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.rollout import load_chat_tokens
 from aclarena_slime.sglang_client import SGLangClient
 from aclarena_slime.slime_edge.rollout import close_context, generate, reward

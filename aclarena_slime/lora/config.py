@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aclarena_slime.experts import ExpertError, validate_adapter_name
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.settings import from_mapping
 
 # Megatron module name -> the Hugging Face projections it becomes (fused layers split on export).
 HF_TARGETS: dict[str, tuple[str, ...]] = {

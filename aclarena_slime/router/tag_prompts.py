@@ -1,7 +1,7 @@
 """Labelled prompts of the installed environments, to train and measure the tag classifier.
 
 The router knows no environment: each env plugin contributes its prompts through
-:meth:`~aclarena_slime.contract.Environment.routing_prompts` (by default its ``demo_records``), and the
+:meth:`~aclarena_slime.plugin.contract.Environment.routing_prompts` (by default its ``demo_records``), and the
 caller names the tags (a gateway: those of its expert manifest). A tag with no plugin, or a plugin that
 fails to load, is an error that names it. Held-out prompts are asked for with another seed and
 ``exclude=`` the training texts: generated prompts repeat themselves, so another seed alone would test
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from aclarena_slime.registry import environment_class
+from aclarena_slime.plugin.registry import environment_class
 
 #: How far ``labelled_prompts`` widens its request to an env before calling its prompts exhausted.
 _MAX_WIDENING = 64
@@ -23,8 +23,8 @@ def labelled_prompts(
 ) -> list[tuple[str, str]]:
     """``(prompt text, tag)`` pairs, ``n_per_tag`` for each tag, none of them in ``exclude``.
 
-    Raises :class:`~aclarena_slime.registry.UnknownEnvironment` or
-    :class:`~aclarena_slime.registry.PluginLoadError` for a tag that does not load, and ``ValueError``
+    Raises :class:`~aclarena_slime.plugin.registry.UnknownEnvironment` or
+    :class:`~aclarena_slime.plugin.registry.PluginLoadError` for a tag that does not load, and ``ValueError``
     when an env cannot give enough prompts outside ``exclude``.
     """
     skip = set(exclude)

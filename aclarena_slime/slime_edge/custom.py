@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.distill.mopd import MopdSettings
 from aclarena_slime.group_rewards import FilterSettings
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.tis import TisSettings
 
 T = TypeVar("T")

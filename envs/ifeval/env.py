@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 from aclarena_envs.ifeval import routing
 from aclarena_envs.ifeval.generator import generate
 from aclarena_envs.ifeval.reward import LEVELS, MODES, Label, Verdicts, judge, strip_thinking
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Score, Task
+from aclarena_slime.plugin.settings import from_mapping
 
 
 @dataclass(frozen=True)

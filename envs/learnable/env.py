@@ -18,7 +18,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
 
 DIGITS = "0123456789"
 _PROMPTS = ("Reply with one number.", "Answer with digits only.", "Write a number.", "One number, please.")

@@ -19,8 +19,8 @@ from aclarena_envs.math.answer import AnswerRule, UnclosedThink, final_answer
 from aclarena_envs.math.exact import decide
 from aclarena_envs.math.lane import Lane
 from aclarena_envs.math.verifier import Verdict, VerifierPool
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Score, Task
+from aclarena_slime.plugin.settings import from_mapping
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 # DAPO-Math-17k's own wording around each problem: the authors train on the dataset's prompt field as

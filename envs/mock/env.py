@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Observation, Score, Task
+from aclarena_slime.plugin.settings import from_mapping
 
 _GUESS = re.compile(r"<guess>(.*?)</guess>", re.S)
 

@@ -48,7 +48,7 @@ from aclarena_envs.retail.user_sim import (
     scenario_text,
     stop_reason,
 )
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Message, Observation, Score, Task
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Message, Observation, Score, Task
 
 AGENT_INSTRUCTION = """You are a customer service agent of an online retail store. Help the customer as the <policy> below allows.
 Each turn, either write a message to the customer or call tools, never both.

@@ -17,7 +17,7 @@ from aclarena_envs.retail.data import RetailData, task_record
 from aclarena_envs.retail.env import RetailEnvironment
 from aclarena_envs.retail.reward import criteria
 from aclarena_envs.retail.user_sim import ScriptedUser
-from aclarena_slime.contract import Done, Score, Task
+from aclarena_slime.plugin.contract import Done, Score, Task
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from aclarena_envs.retail.db import RetailDatabase, canonical_hash
 from aclarena_envs.retail.tools import RetailTools
-from aclarena_slime.contract import Score
+from aclarena_slime.plugin.contract import Score
 
 SCORED_BASES = ("DB", "COMMUNICATE")
 DEFAULT_BASIS = ("DB", "COMMUNICATE")  # τ³'s default when a task names none (``data_model/tasks.py``)

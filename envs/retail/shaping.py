@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aclarena_slime.contract import Score
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.contract import Score
+from aclarena_slime.plugin.settings import from_mapping
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

@@ -4,7 +4,7 @@ As in τ³, the simulator is prompted with the task's ``user_scenario``, sees th
 the other side of the chat, and ends the conversation by writing ``###STOP###`` (goal reached),
 ``###TRANSFER###`` (handed to a human) or ``###OUT-OF-SCOPE###`` (the scenario does not cover what
 happens). Anything that goes wrong on the simulator's side (HTTP error, timeout, an answer without
-text) raises :class:`~aclarena_slime.contract.EpisodeAborted`: the episode is dropped, never scored 0.
+text) raises :class:`~aclarena_slime.plugin.contract.EpisodeAborted`: the episode is dropped, never scored 0.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 import aiohttp
 
-from aclarena_slime.contract import EpisodeAborted
 from aclarena_slime.http_client import close_session
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.contract import EpisodeAborted
+from aclarena_slime.plugin.settings import from_mapping
 
 #: The end markers and the episode end reason each one gives.
 STOP_MARKERS = {"###STOP###": "user_stop", "###TRANSFER###": "user_transfer", "###OUT-OF-SCOPE###": "user_out_of_scope"}

@@ -33,8 +33,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, EpisodeAborted, Observation, Score, Task
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.contract import (
+    Conversation,
+    Done,
+    Environment,
+    Episode,
+    EpisodeAborted,
+    Observation,
+    Score,
+    Task,
+)
+from aclarena_slime.plugin.settings import from_mapping
 
 from . import data, demo_corpus, routing
 from .e5 import check_e5, dense_encoder

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from aclarena_slime.contract import Conversation, Done, Episode, EpisodeAborted, Observation, Score, Task
+from aclarena_slime.plugin.contract import Conversation, Done, Episode, EpisodeAborted, Observation, Score, Task
 
 from .protocol import INSTRUCTION, make_prompt
 from .retriever import RetrieverError

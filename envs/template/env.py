@@ -3,7 +3,7 @@
 Reward range: [0, 1]. A one-turn task: the model answers, the answer (after any thinking) is compared
 with the label. Config (recipe ``env_config.template``, ``recipes/env/template.yaml``): ``instruction``,
 appended to the prompt. Settings live in a dataclass built with
-:func:`~aclarena_slime.strict_config.from_mapping`, so a misspelt key fails instead of being ignored.
+:func:`~aclarena_slime.plugin.settings.from_mapping`, so a misspelt key fails instead of being ignored.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from aclarena_envs.template import data
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score, Task
-from aclarena_slime.strict_config import from_mapping
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Score, Task
+from aclarena_slime.plugin.settings import from_mapping
 
 
 @dataclass(frozen=True)

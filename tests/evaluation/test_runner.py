@@ -210,7 +210,7 @@ class _engine_in_thread:
 
 
 async def test_demo_dataset_runs_the_envs_generated_records(tmp_path, tiny_tokenizer):
-    from aclarena_slime.registry import get_environment
+    from aclarena_slime.plugin.registry import get_environment
 
     suite = parse_suite({"datasets": {"arith": {"env": "math", "demo": 3, "env_config": {"workers": 1}}}})
     expected = get_environment("math", {"workers": 1}).demo_records(3, seed=1234)

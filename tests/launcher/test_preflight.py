@@ -111,7 +111,7 @@ def test_tokenizer_loads(tmp_path: Path, tiny_checkpoint: Path, routable):
 
 
 def test_data_goes_through_the_envs_start(tmp_path: Path, routable):
-    from aclarena_slime.registry import load_factory
+    from aclarena_slime.plugin.registry import load_factory
 
     records = load_factory("math")({}).demo_records(4)
     train = tmp_path / "data" / "math" / "train.jsonl"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from aclarena_slime import registry
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import RecordError
 from aclarena_slime.local.stage import LocalStageError, bind_engine, run_stage
+from aclarena_slime.plugin import registry
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from aclarena_slime import registry
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.stage import run_stage
+from aclarena_slime.plugin import registry
 
 
 @pytest.fixture(autouse=True)

@@ -112,7 +112,7 @@ def test_ifeval_demo_answers_follow_most_generated_prompts():
     async def scores():
         out = []
         for record in records:
-            from aclarena_slime.contract import Task
+            from aclarena_slime.plugin.contract import Task
 
             episode = await env.start(Task(record["prompt"], record["label"]))
             await episode.step(ifeval_demo_turns(record)[0])

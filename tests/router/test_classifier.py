@@ -7,9 +7,9 @@ from typing import ClassVar
 
 import pytest
 
-from aclarena_slime import registry
 from aclarena_slime.cli import main as cli_main
-from aclarena_slime.contract import Environment
+from aclarena_slime.plugin import registry
+from aclarena_slime.plugin.contract import Environment
 from aclarena_slime.router.classifier import TagClassifier, tokens
 from aclarena_slime.router.tag_prompts import labelled_prompts
 from aclarena_slime.testing.fake_sglang import FakeSGLang

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from aclarena_slime import registry
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score
+from aclarena_slime.plugin import registry
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Score
 from aclarena_slime.slime_edge.rollout import generate
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args

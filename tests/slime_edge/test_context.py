@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from aclarena_slime import registry
-from aclarena_slime.contract import Conversation, Done, Environment, Episode, Score
+from aclarena_slime.plugin import registry
+from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Score
 from aclarena_slime.slime_edge import rollout as edge
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.loops import background_loop

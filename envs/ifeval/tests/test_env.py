@@ -13,8 +13,8 @@ from aclarena_envs.ifeval.env import IFEvalEnvironment
 from aclarena_envs.ifeval.generator import generate
 from aclarena_envs.ifeval.metrics import aggregate
 from aclarena_envs.ifeval.reward import Label, judge, loose_variants, strip_thinking
-from aclarena_slime.conformance import check_environment, check_hostile_outputs
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.conformance import check_environment, check_hostile_outputs
+from aclarena_slime.plugin.contract import Task
 
 LABEL = {
     "instruction_id_list": ["punctuation:no_comma", "detectable_format:title"],

@@ -77,7 +77,7 @@ def test_minimal_pathological_responses_are_judged_in_bounded_time():
 
 async def test_an_answer_over_the_cap_follows_nothing_and_scoring_is_bounded():
     from aclarena_envs.ifeval.env import IFEvalEnvironment
-    from aclarena_slime.contract import Task
+    from aclarena_slime.plugin.contract import Task
 
     env = IFEvalEnvironment({"max_response_chars": 1000})
     label = {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from aclarena_envs.learnable.env import LearnableEnvironment
-from aclarena_slime.conformance import check_environment, check_hostile_outputs
-from aclarena_slime.contract import Done, Observation, Task
+from aclarena_slime.plugin.conformance import check_environment, check_hostile_outputs
+from aclarena_slime.plugin.contract import Done, Observation, Task
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from math_verify import verify as mv_verify
 from aclarena_envs.math.env import MathEnvironment
 from aclarena_envs.math.exact import compare, decide, parse
 from aclarena_envs.math.lane import Lane
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.contract import Task
 
 ANSWER_SET = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_math_verify.jsonl"
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from aclarena_envs.math.env import MathEnvironment
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.contract import Task
 from aclarena_slime.slime_edge.rollout import generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, check_invariants, make_args
@@ -96,7 +96,7 @@ async def test_hostile_answers_score_without_raising_or_stalling(response):
 
 async def test_the_hostile_output_kit_passes_on_math():
     """The shared kit (known-bad corpus plus generated turns) that every env runs."""
-    from aclarena_slime.conformance import check_hostile_outputs
+    from aclarena_slime.plugin.conformance import check_hostile_outputs
 
     env = MathEnvironment({"workers": 1, "timeout_s": 3.0})
     try:

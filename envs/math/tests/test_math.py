@@ -15,7 +15,7 @@ from aclarena_envs.math.data import main as prepare
 from aclarena_envs.math.env import MathEnvironment
 from aclarena_envs.math.verifier import VerifierPool, verify_answer
 from aclarena_slime.cli import main as aclarena
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.contract import Task
 
 
 @pytest.mark.parametrize(

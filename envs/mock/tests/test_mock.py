@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from aclarena_envs.mock.env import MockEnvironment
-from aclarena_slime.conformance import check_environment, check_hostile_outputs
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.conformance import check_environment, check_hostile_outputs
+from aclarena_slime.plugin.contract import Task
 
 
 def test_settings_are_read_and_misspelt_keys_refused():

@@ -11,8 +11,8 @@ from aclarena_envs.retail.env import RetailEnvironment
 from aclarena_envs.retail.gold import gold_environment, play_gold, tool_call_text
 from aclarena_envs.retail.user_sim import ScriptedUser, UserSession, UserSimulator
 from aclarena_slime.cli import main as cli_main
-from aclarena_slime.conformance import check_environment, check_hostile_outputs
-from aclarena_slime.contract import Done, EpisodeAborted, Observation, Task
+from aclarena_slime.plugin.conformance import check_environment, check_hostile_outputs
+from aclarena_slime.plugin.contract import Done, EpisodeAborted, Observation, Task
 
 
 def task(task_id: str) -> Task:

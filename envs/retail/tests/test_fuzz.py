@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from aclarena_envs.retail.db import canonical_hash
 from aclarena_envs.retail.env import RetailEnvironment
 from aclarena_envs.retail.tools import TOOL_SPECS, WRITE_TOOLS
-from aclarena_slime.contract import Observation, Task
+from aclarena_slime.plugin.contract import Observation, Task
 
 ORDERS = ["#W1", "#W2", "#W3", "#W4", "W1"]
 ITEMS = ["I1", "I2", "I3", "I4", "I5", "I6", "P1"]

@@ -7,8 +7,8 @@ import pytest
 from aclarena_envs.retail.env import RetailEnvironment
 from aclarena_envs.retail.gold import tool_call_text
 from aclarena_envs.retail.shaping import RetailShaping, turn_well_formed
-from aclarena_slime.conformance import check_environment
-from aclarena_slime.contract import Done, Task
+from aclarena_slime.plugin.conformance import check_environment
+from aclarena_slime.plugin.contract import Done, Task
 
 
 def task(task_id: str) -> Task:

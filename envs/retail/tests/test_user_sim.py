@@ -16,8 +16,8 @@ from aclarena_envs.retail.user_sim import (
     scenario_text,
     stop_reason,
 )
-from aclarena_slime.contract import EpisodeAborted
 from aclarena_slime.http_service import serving
+from aclarena_slime.plugin.contract import EpisodeAborted
 from aclarena_slime.testing.loops import background_loop, closed_soon
 
 

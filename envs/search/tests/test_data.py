@@ -10,7 +10,7 @@ import pytest
 
 from aclarena_envs.search.data import hop_of, main
 from aclarena_envs.search.env import SearchEnvironment
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.contract import Task
 
 
 def _records(path):

@@ -11,8 +11,8 @@ import pytest
 
 from aclarena_envs.search.demo_corpus import generate, write_jsonl
 from aclarena_envs.search.env import SearchEnvironment
-from aclarena_slime.conformance import check_environment, check_hostile_outputs
-from aclarena_slime.contract import Done, Observation, Task
+from aclarena_slime.plugin.conformance import check_environment, check_hostile_outputs
+from aclarena_slime.plugin.contract import Done, Observation, Task
 
 DEMO = generate(60, seed=3)
 QUESTION = DEMO.questions[0]

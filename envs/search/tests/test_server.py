@@ -11,8 +11,8 @@ from aclarena_envs.search.demo_corpus import generate
 from aclarena_envs.search.env import SearchEnvironment
 from aclarena_envs.search.retriever import BM25Retriever, RemoteRetriever, RetrieverError
 from aclarena_envs.search.server import make_app
-from aclarena_slime.contract import EpisodeAborted, Observation, Task
 from aclarena_slime.http_service import serving
+from aclarena_slime.plugin.contract import EpisodeAborted, Observation, Task
 from aclarena_slime.testing.loops import background_loop, closed_soon
 
 DEMO = generate(60, seed=2)

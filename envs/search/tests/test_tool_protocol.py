@@ -9,8 +9,8 @@ from aclarena_envs.search.env import SearchConfig, SearchEnvironment
 from aclarena_envs.search.shaped_reward import ShapedInputs, shaped_reward
 from aclarena_envs.search.tool_protocol import parse_tool_action, well_formed
 from aclarena_slime.chat_tokens import ChatTokens
-from aclarena_slime.conformance import check_environment
-from aclarena_slime.contract import Done, Observation, Task
+from aclarena_slime.plugin.conformance import check_environment
+from aclarena_slime.plugin.contract import Done, Observation, Task
 from aclarena_slime.slime_edge.rollout import generate as rollout_generate
 from aclarena_slime.slime_edge.rollout import reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang

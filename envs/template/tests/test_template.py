@@ -9,8 +9,8 @@ import pytest
 
 from aclarena_envs.template import data
 from aclarena_envs.template.env import TemplateEnvironment
-from aclarena_slime.conformance import check_environment, check_hostile_outputs
-from aclarena_slime.contract import Task
+from aclarena_slime.plugin.conformance import check_environment, check_hostile_outputs
+from aclarena_slime.plugin.contract import Task
 
 
 def tasks(n: int) -> list[Task]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from aclarena_slime.contract import Environment
+from aclarena_slime.plugin.contract import Environment
 
 ENTRY_POINT_GROUP = "aclarena_slime.envs"
 
@@ -78,7 +78,7 @@ def environment_class(tag: str) -> type[Environment]:
     """The :class:`Environment` subclass registered under ``tag`` (for what an env says without being built)."""
     factory = load_factory(tag)
     if not (isinstance(factory, type) and issubclass(factory, Environment)):
-        raise TypeError(f"plugin {tag!r} is registered as {factory!r}, not an aclarena_slime.contract.Environment class")
+        raise TypeError(f"plugin {tag!r} is registered as {factory!r}, not an aclarena_slime.plugin.contract.Environment class")
     return factory
 
 
@@ -90,5 +90,5 @@ def get_environment(tag: str, config: Mapping[str, Any] | None = None) -> Enviro
     """
     env = load_factory(tag)(dict(config or {}))
     if not isinstance(env, Environment):
-        raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.contract.Environment")
+        raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.plugin.contract.Environment")
     return env

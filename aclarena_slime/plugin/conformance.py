@@ -2,18 +2,18 @@
 
 In a plugin's tests::
 
-    from aclarena_slime.conformance import check_environment
+    from aclarena_slime.plugin.conformance import check_environment
 
     async def test_conforms():
         await check_environment(MyEnvironment({}), [Task(prompt="...", label="...", metadata={"env": "mine"})])
 
-It raises :class:`ConformanceError` listing every broken invariant of :mod:`aclarena_slime.contract`,
+It raises :class:`ConformanceError` listing every broken invariant of :mod:`aclarena_slime.plugin.contract`,
 that the env's tag resolves to its class through the installed entry points (a line added to
 ``pyproject.toml`` without reinstalling is caught here, with the fix), and robustness: hostile model turns (empty, huge, binary junk, unclosed tags, fake tool calls)
 must come back as an observation or ``Done``, never as an exception.
 
 :func:`check_hostile_outputs` goes further, the same way (``await check_hostile_outputs(env, tasks)``):
-the known-bad corpus of :mod:`aclarena_slime.hostile` plus property-based turns from ``hypothesis``,
+the known-bad corpus of :mod:`aclarena_slime.plugin.hostile` plus property-based turns from ``hypothesis``,
 each through ``start``/``step``/``score`` under a hard deadline per call, so a hang fails the check
 instead of stalling the suite.
 """
@@ -29,8 +29,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from aclarena_slime import hostile, registry
-from aclarena_slime.contract import CONTRACT_VERSION, Conversation, Done, Environment, Episode, Observation, Task
+from aclarena_slime.plugin import hostile, registry
+from aclarena_slime.plugin.contract import CONTRACT_VERSION, Conversation, Done, Environment, Episode, Observation, Task
 
 HOSTILE_TURNS = [
     "",

@@ -3,7 +3,7 @@
 A policy writes anything: megabytes of one repeated tag, numbers thousands of digits long, tool calls
 whose JSON decodes to lone surrogates. Each family below once made a plugin of this project stall the
 event loop for seconds to minutes, raise out of ``score``, or get its own sample removed; the kit
-(:func:`aclarena_slime.conformance.check_hostile_outputs`) and ``benchmarks/bench_hostile.py`` replay them
+(:func:`aclarena_slime.plugin.conformance.check_hostile_outputs`) and ``benchmarks/bench_hostile.py`` replay them
 on every env. The turns are protocol snippets of all the project's envs mixed together: an env must
 cope with another env's syntax as well as with its own.
 """

@@ -31,7 +31,7 @@ Worked example (a one-turn env that rewards saying the label)::
         async def start(self, task):
             return EchoEpisode(task)
 
-Invariants the conformance kit (:mod:`aclarena_slime.conformance`) checks:
+Invariants the conformance kit (:mod:`aclarena_slime.plugin.conformance`) checks:
 
 - ``start`` returns an episode whose ``conversation`` ends with a user (or tool) message;
 - ``step`` returns :class:`Observation` (one or more messages, role user or tool) or :class:`Done`;
