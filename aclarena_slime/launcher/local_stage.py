@@ -103,7 +103,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
         "eval_temperature": data.eval_temperature if data.eval_temperature is not None else rollout.rollout_temperature,
         "eval_top_p": data.eval_top_p if data.eval_top_p is not None else 1.0,
         "eval_max_response_len": data.eval_max_response_len,
-        "response_budget": recipe.custom.get("aclarena_response_budget") or "total",
+        "response_budget": recipe.custom.aclarena_response_budget or "total",
     }
     if recipe.lora.enabled:
         values["lora"] = {**recipe.lora.to_dict(), "adapter_name": recipe.lora.adapter_name or data.env}

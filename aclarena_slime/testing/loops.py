@@ -1,13 +1,11 @@
-"""Event loops for tests of code that outlives one loop (shared envs, HTTP sessions)."""
+"""An event loop on another thread, as slime runs its rollout functions (``slime/utils/async_utils.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
-from typing import Any
 
 
 @contextlib.contextmanager
@@ -23,10 +21,3 @@ def background_loop() -> Iterator[asyncio.AbstractEventLoop]:
         thread.join(10)
         loop.close()
 
-
-def closed_soon(session: Any, timeout_s: float = 5.0) -> bool:
-    """Closing a session on another thread's loop is asynchronous: wait a little for it."""
-    deadline = time.monotonic() + timeout_s
-    while not session.closed and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return session.closed

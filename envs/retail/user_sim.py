@@ -19,7 +19,6 @@ from typing import Any
 
 import aiohttp
 
-from aclarena_slime.http_client import close_session
 from aclarena_slime.plugin.contract import EpisodeAborted
 from aclarena_slime.plugin.settings import from_mapping
 
@@ -203,14 +202,16 @@ class LLMUser(UserSimulator):
         return _LLMSession(self, f"{GUIDELINES}\n\n<scenario>\n{scenario}\n</scenario>")
 
     async def _client(self) -> aiohttp.ClientSession:
-        """This loop's session; one made on another loop is closed, not left open (it belongs to that loop)."""
+        """The session, made on first use; an aiohttp session belongs to the loop that made it."""
         loop = asyncio.get_running_loop()
-        if self._http is None or self._http.closed or self._loop is not loop:
-            old, old_loop = self._http, self._loop
+        if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
             self._loop = loop
-            if old is not None:  # replaced before awaiting, so concurrent calls share the new one
-                await close_session(old, old_loop)
+        elif self._loop is not loop:
+            raise RuntimeError(
+                "this user simulator was first used on another event loop; an env instance lives on one loop "
+                "(build one per loop, as the rollout context does, and aclose() it there)"
+            )
         return self._http
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
@@ -258,7 +259,7 @@ class LLMUser(UserSimulator):
 
     async def aclose(self) -> None:
         if self._http is not None:
-            await close_session(self._http, self._loop)
+            await self._http.close()
         self._http = self._loop = None
 
 

@@ -27,8 +27,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from aclarena_slime.http_client import close_session
-
 log = logging.getLogger(__name__)
 
 Document = Mapping[str, Any]
@@ -278,12 +276,14 @@ class RemoteRetriever:
         import aiohttp
 
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session_loop is not loop:  # a session belongs to one event loop
-            old, old_loop = self._session, self._session_loop
+        if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
             self._session_loop = loop
-            if old is not None:  # replaced before awaiting, so concurrent calls share the new one
-                await close_session(old, old_loop)
+        elif self._session_loop is not loop:  # an aiohttp session belongs to the loop that made it
+            raise RuntimeError(
+                "this retriever client was first used on another event loop; an env instance lives on one loop "
+                "(build one per loop, as the rollout context does, and aclose() it there)"
+            )
         payload = {"queries": list(queries), "topk": topk, "return_scores": True}
         try:
             async with self._session.post(self.url, json=payload) as resp:
@@ -296,7 +296,7 @@ class RemoteRetriever:
 
     async def aclose(self) -> None:
         if self._session is not None:
-            await close_session(self._session, self._session_loop)
+            await self._session.close()
         self._session = self._session_loop = None
 
 

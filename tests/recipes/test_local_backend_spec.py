@@ -55,8 +55,8 @@ def test_recipe_sections_map_onto_the_local_stage(tmp_path: Path):
     assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.expert_name) == (4, 32.0, 0.1, "search")
     assert cfg.lora.hf_target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     # The env's local part: its demo turns, its budget, the demo corpus instead of the retriever service.
-    assert cfg.warm_start_demos == "aclarena_envs.search.data.demo_turns" and cfg.max_response_len == 416
-    assert cfg.env_config["retriever_url"] is None and cfg.env_config["topk"] == 3
+    assert cfg.warm_start_demos == "aclarena_envs.search.data.demo_turns" and cfg.max_response_len == 256
+    assert cfg.env_config["retriever_url"] is None and cfg.env_config["topk"] == 1
 
 
 def test_the_local_profile_names_no_env_tag():
@@ -71,7 +71,7 @@ def test_the_local_profile_names_no_env_tag():
         ("algorithm.use_tis=true", "algorithm.use_tis"),
         ("algorithm.advantage_estimator=gspo", "algorithm.advantage_estimator"),
         ("algorithm.weight_decay=0.1", "algorithm.weight_decay"),
-        ("rollout.dynamic_sampling_filter_path=aclarena_slime.group_rewards.drop_no_tool",
+        ("rollout.dynamic_sampling_filter_path=aclarena_slime.slime_edge.rollout.drop_no_tool",
          "rollout.dynamic_sampling_filter_path"),
         ("data.n_samples_per_eval_prompt=16", "data.n_samples_per_eval_prompt"),
         ("++cluster.local.steps=3", "rollout.num_rollout instead of cluster.local.steps"),

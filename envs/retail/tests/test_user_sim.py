@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -18,7 +17,6 @@ from aclarena_envs.retail.user_sim import (
 )
 from aclarena_slime.http_service import serving
 from aclarena_slime.plugin.contract import EpisodeAborted
-from aclarena_slime.testing.loops import background_loop, closed_soon
 
 
 class FakeChatServer:
@@ -164,19 +162,22 @@ def test_scenario_text_and_stop_markers():
     assert stop_reason("thanks, bye") is None
 
 
-def test_a_new_event_loop_closes_the_session_made_on_the_old_one():
+def test_an_env_client_lives_on_one_event_loop():
+    """A second loop is a clear error, not a session silently replaced (aiohttp binds a session to its loop)."""
     sim = LLMUser("http://127.0.0.1:9/v1", "m", retries=0)  # nothing listens: each call fails after making its session
 
-    async def call() -> aiohttp.ClientSession:
+    async def call() -> None:
         with pytest.raises(EpisodeAborted):
             await sim.session("s").reply("hi")
-        return sim._http
 
-    with background_loop() as background:
-        on_thread = asyncio.run_coroutine_threadsafe(call(), background).result(10)  # a loop that keeps running
-        first = asyncio.run(call())
-        assert closed_soon(on_thread) and not first.closed
-        second = asyncio.run(call())  # the first loop is closed by now
-        assert first.closed and not second.closed
-        asyncio.run(sim.aclose())  # from yet another loop
-        assert second.closed
+    async def first_loop() -> None:
+        await call()
+        await call()  # the same loop reuses the session
+        await sim.aclose()  # closed on the loop that made it
+
+    asyncio.run(first_loop())
+    asyncio.run(call())  # after aclose a new loop may start afresh
+
+    with pytest.raises(RuntimeError, match="one loop"):
+        asyncio.run(call())  # the session of the previous loop is still open: refused, named
+    asyncio.run(sim.aclose())

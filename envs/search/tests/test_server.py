@@ -13,7 +13,6 @@ from aclarena_envs.search.retriever import BM25Retriever, RemoteRetriever, Retri
 from aclarena_envs.search.server import make_app
 from aclarena_slime.http_service import serving
 from aclarena_slime.plugin.contract import EpisodeAborted, Observation, Task
-from aclarena_slime.testing.loops import background_loop, closed_soon
 
 DEMO = generate(60, seed=2)
 RETRIEVER = BM25Retriever.from_documents(DEMO.passages)
@@ -108,19 +107,22 @@ async def test_server_error_reply_is_a_retriever_error():
         await remote.aclose()
 
 
-def test_a_new_event_loop_closes_the_session_made_on_the_old_one():
+def test_an_env_client_lives_on_one_event_loop():
+    """A second loop is a clear error, not a session silently replaced (aiohttp binds a session to its loop)."""
     remote = RemoteRetriever("http://127.0.0.1:9")  # nothing listens: each call fails after making its session
 
-    async def call() -> aiohttp.ClientSession:
+    async def call() -> None:
         with pytest.raises(RetrieverError):
             await remote.retrieve(["q"], 1)
-        return remote._session
 
-    with background_loop() as background:
-        on_thread = asyncio.run_coroutine_threadsafe(call(), background).result(10)  # a loop that keeps running
-        first = asyncio.run(call())
-        assert closed_soon(on_thread) and not first.closed
-        second = asyncio.run(call())  # the first loop is closed by now
-        assert first.closed and not second.closed
-        asyncio.run(remote.aclose())  # from yet another loop
-        assert second.closed
+    async def first_loop() -> None:
+        await call()
+        await call()  # the same loop reuses the session
+        await remote.aclose()  # closed on the loop that made it
+
+    asyncio.run(first_loop())
+    asyncio.run(call())  # after aclose a new loop may start afresh
+
+    with pytest.raises(RuntimeError, match="one loop"):
+        asyncio.run(call())  # the session of the previous loop is still open: refused, named
+    asyncio.run(remote.aclose())
