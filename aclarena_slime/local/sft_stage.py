@@ -21,8 +21,6 @@ from aclarena_slime.distill.dumps import episode_from_record
 from aclarena_slime.distill.sdft import MixtureSettings, build_mixture
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import LocalStageConfig
-from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.records import Sample, demo_records
 from aclarena_slime.local.sft import SftExample
 from aclarena_slime.local.sft import sft_step as shared_sft_step
@@ -32,13 +30,12 @@ from aclarena_slime.local.stage import (
     evaluate,
     lora_trainer,
     rollout_step,
+    served_stage,
     stage_model,
     to_train_sample,
 )
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
-from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient
-from aclarena_slime.slime_edge.rollout import close_context
 
 FILTER_KEYS = ("min_reward", "statuses", "max_tokens")
 
@@ -71,16 +68,8 @@ async def _run(cfg: LocalStageConfig, settings: MixtureSettings, epochs: int) ->
     train_settings = TrainSettings(lr=cfg.lr, temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size)
     trainer = lora_trainer(cfg, model_dir, train_settings)
     adapter_dir = trainer.save(cfg.adapter_dir)
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
-    try:
-        async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
-            env = get_environment(cfg.env, bind_engine(cfg.env_config, url, cfg.served_name))
-            try:
-                result = await _stage(cfg, settings, epochs, url, env, trainer, model_dir, adapter_dir)
-            finally:
-                await env.aclose()
-    finally:
-        await close_context()
+    async with served_stage(cfg, model_dir) as (_engine, url, env):
+        result = await _stage(cfg, settings, epochs, url, env, trainer, model_dir, adapter_dir)
     result.update(model_dir=str(model_dir), adapter_dir=str(adapter_dir), seconds=round(time.monotonic() - started, 2))
     write_json_atomic(cfg.metrics_path, result)
     return result

@@ -24,12 +24,13 @@ simulator: ``base_url: "{local_engine}/v1"``, ``model: "{local_model}"``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,6 +46,7 @@ from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.records import Sample, demo_records, new_sample, read_jsonl, take
 from aclarena_slime.local.sft import SftSettings, warm_start
 from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
+from aclarena_slime.plugin.contract import Environment
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.rollout import load_chat_tokens
 from aclarena_slime.sglang_client import SGLangClient
@@ -83,16 +85,8 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     )
     trainer = lora_trainer(cfg, model_dir, settings)
     adapter_dir = trainer.save(cfg.adapter_dir)
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
-    try:
-        async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
-            env = get_environment(cfg.env, bind_engine(cfg.env_config, url, cfg.served_name))
-            try:
-                result = await _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine)
-            finally:
-                await env.aclose()  # its own clients (a user simulator) reopen if the env is used again
-    finally:
-        await close_context()  # the rollouts' envs and HTTP session
+    async with served_stage(cfg, model_dir) as (engine, url, env):
+        result = await _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine)
     if warm is not None:
         result["eval_warm_start"] = result["eval_before"]
         result["eval_before"] = warm.pop("eval_before")
@@ -289,34 +283,43 @@ def rollout_args(
     )
 
 
-async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone."""
+@contextlib.asynccontextmanager
+async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[tuple[LocalEngine, str, Environment]]:
+    """The engine on ``model_dir`` and the stage's env bound to it; on exit the env and the rollout
+    context (the rollouts' envs and HTTP session) are closed, on this loop, before the engine stops."""
     engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
-        env_config = bind_engine(cfg.env_config, url, cfg.served_name)
-        env = get_environment(cfg.env, env_config)
+        env = get_environment(cfg.env, bind_engine(cfg.env_config, url, cfg.served_name))
         try:
-            records = stage_records(env, cfg)
-            with _progress(cfg.progress) as progress:
-                task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
-                args = rollout_args(url, model_dir, cfg, env_config, None)
-                before = await evaluate(args, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
-                progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
-                chat = load_chat_tokens(str(model_dir))
-                best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
-                examples, replay = await demo_examples(
-                    env,
-                    chat,
-                    records.warm_start,
-                    load_demo_turns(str(cfg.warm_start_demos)),
-                    cfg.max_response_len,
-                    best,
-                    _end_of_turn(engine.model),
-                )
-                progress.advance(task)
+            yield engine, url, env
         finally:
-            await env.aclose()
-        await close_context()
+            try:
+                await env.aclose()
+            finally:
+                await close_context()
+
+
+async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone."""
+    async with served_stage(cfg, model_dir) as (engine, url, env):
+        records = stage_records(env, cfg)
+        with _progress(cfg.progress) as progress:
+            task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
+            args = rollout_args(url, model_dir, cfg, bind_engine(cfg.env_config, url, cfg.served_name), None)
+            before = await evaluate(args, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
+            progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
+            chat = load_chat_tokens(str(model_dir))
+            best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
+            examples, replay = await demo_examples(
+                env,
+                chat,
+                records.warm_start,
+                load_demo_turns(str(cfg.warm_start_demos)),
+                cfg.max_response_len,
+                best,
+                _end_of_turn(engine.model),
+            )
+            progress.advance(task)
     if not examples:
         raise LocalStageError(
             f"no gold demo trajectory of {cfg.warm_start_demos} scored at least {best} within "
