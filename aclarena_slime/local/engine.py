@@ -7,8 +7,9 @@ the base model, ``"<served>:<adapter>"`` an adapter) for user simulators and the
 protocol is SGLang's, :mod:`aclarena_slime.rollout` and everything else run against it unchanged.
 :mod:`.sglang_server` adds what slime's external-engine mode needs on top of this app.
 
-Generation runs on one worker thread, so the event loop keeps answering health checks and adapter
-loads while a request decodes.
+Requests in flight decode together on the model's worker thread (see :class:`MultiLoraModel`), so the
+event loop keeps answering health checks, loads and aborts while they do; adapter loads and unloads
+run on a thread of their own (an unload waits for the requests that hold the adapter).
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from aiohttp import web
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.experts import ExpertError
 from aclarena_slime.http_service import LOOPBACK, serving
-from aclarena_slime.local.generation import Generation, GenerationError, MultiLoraModel, SamplingParams, UnknownAdapter
+from aclarena_slime.local.generation import (
+    Generation,
+    GenerationError,
+    MultiLoraModel,
+    Request,
+    SamplingParams,
+    UnknownAdapter,
+)
 
 
 class LocalEngine:
@@ -37,7 +45,7 @@ class LocalEngine:
         self.served_name = served_name
         self.chat = ChatTokens(model.tokenizer)
         self.generated_tokens = 0
-        self.requests: dict[str, bool] = {}  # rid of each request queued or decoding -> abort asked
+        self.requests: dict[str, Request] = {}  # rid of each request queued or decoding
         self._executor: ThreadPoolExecutor | None = None
 
     def app(self) -> web.Application:
@@ -60,32 +68,38 @@ class LocalEngine:
                 yield url
         finally:
             self.model.closing = True
+            await asyncio.get_running_loop().run_in_executor(None, self.model.wait_idle)
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine-lora")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def generate(
         self, input_ids: list[int], params: SamplingParams, adapter: str | None, rid: str | None = None
     ) -> Generation:
         rid = rid or uuid.uuid4().hex
-        self.requests[rid] = False
+        request = self.model.submit(input_ids, params, adapter)
+        self.requests[rid] = request
         try:
-            result = await self._run(self.model.generate, input_ids, params, adapter, lambda: self.requests.get(rid))
+            result = await asyncio.wrap_future(request.future)
+        except asyncio.CancelledError:  # the client went away: stop decoding for it
+            request.aborted = True
+            raise
         finally:
-            self.requests.pop(rid, None)
+            if self.requests.get(rid) is request:
+                del self.requests[rid]
         self.generated_tokens += len(result.output_ids)
         return result
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         """SGLang's abort: the named request (or all) stops at its next token with finish reason abort."""
-        for key in list(self.requests):
+        for key, request in list(self.requests.items()):
             if abort_all or key == rid:
-                self.requests[key] = True
+                request.aborted = True
 
     # --- SGLang native API -------------------------------------------------------------------------
 

@@ -1,18 +1,20 @@
-"""Sampling from one frozen causal LM with several named LoRA adapters on top (transformers + PEFT, CPU).
+"""Sampling from one frozen causal LM with several named LoRA adapters on top, every request in one batch.
 
-No HTTP here: :mod:`.engine` serves this over SGLang's protocol. One request at a time, token by
-token with a KV cache. The log-prob reported for each token is ``log_softmax(logits / T)`` at that
-token, before top-p/top-k filtering, as SGLang reports it and as :func:`token_log_probs` lets the
-trainer recompute it (slime also divides the logits by the rollout temperature). With top_p=1 and
-top_k off that is exactly the distribution the token was drawn from.
+No HTTP here: :mod:`.engine` serves this over SGLang's protocol. Requests join a running batch as
+they arrive (one batched prefill) and leave it as they finish (EOS, stop token or string,
+``max_new_tokens``, abort); each step is one forward of :class:`~.forward.BatchForward` for all of
+them, each row on its own adapter. The log-prob reported for each token is
+``log_softmax(logits / T)`` at that token, before top-p/top-k filtering, as SGLang reports it and as
+:func:`token_log_probs` lets the trainer recompute it (slime also divides the logits by the rollout
+temperature). With top_p=1 and top_k off that is exactly the distribution the token was drawn from.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter, deque
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,8 @@ from typing import Any
 import torch
 
 from aclarena_slime.experts import validate_adapter_name
-
-# Passing the KV cache as ``past_key_values`` keeps this working on the older transformers of slime's
-# image; newer releases warn about the name on every forward.
-warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+from aclarena_slime.local.forward import BatchForward, KVCache, LoraWeights, UnsupportedModel
+from aclarena_slime.local.sampling import sample
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
@@ -111,108 +111,146 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
-    """Draw the next token from one row of logits; return it with its reported log-prob."""
-    logits = logits.float()
-    if params.temperature == 0:
-        token = int(torch.argmax(logits))
-        return token, float(torch.log_softmax(logits, -1)[token])
-    scaled = logits / params.temperature
-    log_probs = torch.log_softmax(scaled, -1)
-    filtered = scaled.clone()
-    if 0 < params.top_k < filtered.numel():
-        kth = torch.topk(filtered, params.top_k).values[-1]
-        filtered[filtered < kth] = float("-inf")
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(filtered, descending=True)
-        cumulative = torch.softmax(sorted_logits, -1).cumsum(-1)
-        drop = cumulative - torch.softmax(sorted_logits, -1) >= params.top_p  # keep the token that crosses top_p
-        filtered[order[drop]] = float("-inf")
-    token = int(torch.multinomial(torch.softmax(filtered, -1), 1, generator=generator))
-    return token, float(log_probs[token])
+@dataclass(frozen=True)
+class EngineSettings:
+    """How much the engine batches; SGLang's server-argument names.
+
+    ``max_running_requests``: sequences decoding together (one forward per step for all of them);
+    more wait in a queue. ``max_prefill_tokens``: the most prompt tokens (padded) one prefill forward
+    takes, so a burst of long prompts joins over a few steps instead of stalling the decode; a prompt
+    longer than this still runs, alone. The defaults suit a 2-core laptop with the tiny models: one
+    GRPO step of 8 prompts x 8 samples decodes as one batch.
+    """
+
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_running_requests", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise GenerationError(f"{name} must be a positive integer, got {value!r}")
+
+
+class Request:
+    """One request in the engine: set ``aborted`` to stop it at its next step; ``future`` gets the result."""
+
+    __slots__ = (
+        "ids",
+        "params",
+        "adapter",
+        "budget",
+        "stop_ids",
+        "seed",
+        "out",
+        "log_probs",
+        "length",
+        "aborted",
+        "future",
+    )
+
+    def __init__(
+        self, ids: list[int], params: SamplingParams, adapter: str | None, budget: int, stop_ids: set[int], seed: int
+    ) -> None:
+        self.ids, self.params, self.adapter, self.budget = ids, params, adapter, budget
+        self.stop_ids, self.seed = stop_ids, seed
+        self.out: list[int] = []
+        self.log_probs: list[float] = []
+        self.length = 0  # positions of this request in the KV cache
+        self.aborted = False
+        self.future: Future[Generation] = Future()
 
 
 class MultiLoraModel:
-    """One frozen model, any number of named adapters, one generation at a time (thread-safe)."""
+    """One frozen model, any number of named adapters, every request in flight decoding in one batch.
 
-    def __init__(self, model: Any, tokenizer: Any, seed: int = 0) -> None:
+    :meth:`submit` is thread-safe and returns at once; a worker thread (started on demand, gone when
+    idle) admits queued requests with one batched prefill and then advances every running request by
+    one token per forward, each on its own adapter (or none).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, seed: int = 0, settings: EngineSettings | None = None) -> None:
         self.base = model.eval()
         for p in self.base.parameters():
             p.requires_grad_(False)
+        try:
+            self.forward = BatchForward(self.base)
+        except UnsupportedModel as exc:
+            raise GenerationError(str(exc)) from exc
         self.tokenizer = tokenizer
-        self.peft: Any = None  # a PeftModel once the first adapter is loaded
-        self.adapters: dict[str, str] = {}
+        self.settings = settings or EngineSettings()
+        self.adapters: dict[str, str] = {}  # served name -> the directory it was loaded from
+        self._lora: dict[str, LoraWeights] = {}  # weights, kept while an unloading adapter's requests finish
+        self._holds: Counter[str] = Counter()  # adapter -> requests queued or running on it
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self.eos_ids = _eos_ids(model, tokenizer)
-        self._lock = threading.Lock()
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator().manual_seed(seed)  # seeds of requests without sampling_seed
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._worker: threading.Thread | None = None
         self.closing = False
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, seed: int = 0) -> MultiLoraModel:
+    def from_pretrained(
+        cls, model_dir: str | Path, seed: int = 0, settings: EngineSettings | None = None
+    ) -> MultiLoraModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        return cls(model, tokenizer, seed=seed)
+        return cls(model, tokenizer, seed=seed, settings=settings)
 
     @property
     def vocab_size(self) -> int:
         return int(self.base.get_output_embeddings().weight.shape[0])
 
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def used_tokens(self) -> int:
+        """KV-cache positions held by the running requests."""
+        return sum(r.length for r in list(self._running))
+
+    # --- adapters -------------------------------------------------------------------------------------
+
     def load_adapter(self, name: str, path: str | Path) -> None:
         """Load a PEFT adapter directory under ``name``; a name already loaded must be unloaded first."""
-        from peft import PeftModel
-
         validate_adapter_name(name)
         path = Path(path)
         if not (path / "adapter_config.json").is_file():
             raise GenerationError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
-        with self._lock:
-            if name in self.adapters:
+        if name in self.adapters:
+            raise GenerationError(f"adapter {name!r} is already loaded; unload it first (SGLang's protocol)")
+        try:
+            weights = LoraWeights.from_peft_dir(path, self.forward.linears)
+        except UnsupportedModel as exc:
+            raise GenerationError(str(exc)) from exc
+        with self._cond:
+            if name in self.adapters or name in self._lora:
                 raise GenerationError(f"adapter {name!r} is already loaded; unload it first (SGLang's protocol)")
-            if self.peft is None:
-                self.peft = PeftModel.from_pretrained(self.base, str(path), adapter_name=name, is_trainable=False)
-            else:
-                self.peft.load_adapter(str(path), adapter_name=name, is_trainable=False)
-            self.peft.eval()
+            self._lora[name] = weights
             self.adapters[name] = str(path)
 
     def unload_adapter(self, name: str) -> None:
-        with self._lock:
+        """Unload ``name``: new requests for it are refused at once; returns when those holding it are done."""
+        with self._cond:
             if name not in self.adapters:
                 raise UnknownAdapter(f"adapter {name!r} is not loaded; loaded: {sorted(self.adapters) or 'none'}")
-            self.peft.delete_adapter(name)
             del self.adapters[name]
+            self._cond.wait_for(lambda: self._holds[name] == 0)
+            del self._lora[name]
 
-    @contextlib.contextmanager
-    def _using(self, adapter: str | None) -> Iterator[Any]:
-        if adapter is None:
-            if self.peft is None:
-                yield self.base
-            else:
-                with self.peft.disable_adapter():
-                    yield self.peft
-            return
-        if adapter not in self.adapters:
-            raise UnknownAdapter(f"adapter {adapter!r} is not loaded; loaded: {sorted(self.adapters) or 'none'}")
-        self.peft.set_adapter(adapter)
-        yield self.peft
+    # --- requests -------------------------------------------------------------------------------------
 
-    def generate(
-        self,
-        input_ids: Sequence[int],
-        params: SamplingParams,
-        adapter: str | None = None,
-        aborted: Callable[[], bool] | None = None,
-    ) -> Generation:
-        """Sample a continuation of ``input_ids``; blocks while another generation runs.
-
-        ``aborted`` is polled before each token (SGLang's ``/abort_request``): when it says so, the
-        tokens so far come back with finish reason ``abort``.
-        """
-        from transformers import DynamicCache
-
+    def submit(self, input_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> Request:
+        """Queue a continuation of ``input_ids``; bad input raises here, the result comes in ``.future``."""
         ids = [int(t) for t in input_ids]
         if not ids:
             raise GenerationError("input_ids is empty")
@@ -224,33 +262,165 @@ class MultiLoraModel:
                 raise GenerationError(f"prompt of {len(ids)} tokens exceeds the context of {self.max_positions}")
             budget = min(budget, self.max_positions - len(ids))
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
-        generator = (
-            torch.Generator().manual_seed(params.sampling_seed) if params.sampling_seed is not None else self._generator
-        )
-        out: list[int] = []
-        log_probs: list[float] = []
-        with self._lock, torch.inference_mode(), self._using(adapter) as model:
+        with self._cond:
+            if adapter is not None and adapter not in self.adapters:
+                raise UnknownAdapter(f"adapter {adapter!r} is not loaded; loaded: {sorted(self.adapters) or 'none'}")
+            if params.sampling_seed is not None:
+                seed = params.sampling_seed % 2**63
+            else:
+                seed = int(torch.randint(0, 2**63 - 1, (1,), generator=self._generator))
+            request = Request(ids, params, adapter, budget, stop_ids, seed)
             if budget <= 0:
-                return Generation([], [], {"type": LENGTH, "length": 0})
-            cache = DynamicCache()
-            logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1]
-            while True:
-                if self.closing:
-                    return Generation(out, log_probs, {"type": ABORT, "message": "the engine is shutting down"})
-                if aborted is not None and aborted():
-                    return Generation(out, log_probs, {"type": ABORT, "message": "aborted by /abort_request"})
-                token, log_prob = sample_token(logits, params, generator)
-                out.append(token)
-                log_probs.append(log_prob)
-                if token in stop_ids:
-                    return Generation(out, log_probs, {"type": STOP, "matched": token})
-                matched = self._stop_string(out, params.stop)
-                if matched is not None:
-                    return Generation(out, log_probs, {"type": STOP, "matched": matched})
-                if len(out) >= budget:
-                    return Generation(out, log_probs, {"type": LENGTH, "length": len(out)})
-                step = torch.tensor([[token]])
-                logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
+                request.future.set_result(Generation([], [], {"type": LENGTH, "length": 0}))
+                return request
+            if adapter is not None:
+                self._holds[adapter] += 1
+            self._waiting.append(request)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="local-engine", daemon=True)
+                self._worker.start()
+            self._cond.notify_all()
+        return request
+
+    def wait_idle(self) -> None:
+        """Block until no request is queued or running (the worker has stopped)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._worker is None)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # --- the worker ------------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        cache = self.forward.new_cache(self.settings.max_running_requests)
+        while True:
+            with self._cond:
+                admitted = self._admit()
+                if not admitted and not self._running:
+                    self._worker = None
+                    self._cond.notify_all()
+                    return
+            try:
+                with torch.inference_mode():
+                    self._step(admitted, cache)
+            except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the server
+                for request in [*self._running, *admitted]:
+                    if not request.future.done():
+                        self._release(request)
+                        request.future.set_exception(exc)
+                self._running = []
+
+    def _admit(self) -> list[Request]:
+        """Queued requests that join the batch now (called with the lock held); aborted ones end here."""
+        admitted: list[Request] = []
+        longest = 0
+        while self._waiting and len(self._running) + len(admitted) < self.settings.max_running_requests:
+            request = self._waiting[0]
+            if request.aborted or self.closing:
+                self._waiting.popleft()
+                self._finish(request, self._abort_reason())
+                continue
+            padded = (len(admitted) + 1) * max(longest, len(request.ids))
+            if admitted and padded > self.settings.max_prefill_tokens:
+                break
+            longest = max(longest, len(request.ids))
+            admitted.append(self._waiting.popleft())
+        return admitted
+
+    def _step(self, admitted: list[Request], cache: KVCache) -> None:
+        running = self._running
+        for i in reversed(range(len(running))):
+            if running[i].aborted or self.closing:
+                self._remove(i, cache, self._abort_reason())
+        if admitted:
+            longest = max(len(r.ids) for r in admitted)
+            cache.fit(max([longest, *(r.length + 1 for r in running)]))
+            ids = torch.zeros(len(admitted), longest, dtype=torch.long)
+            for row, request in enumerate(admitted):
+                ids[row, : len(request.ids)] = torch.tensor(request.ids)
+                request.length = len(request.ids)
+            lengths = torch.tensor([len(r.ids) for r in admitted])
+            first = len(running)
+            logits = self.forward.prefill(ids, lengths, cache, first, self._groups(admitted))
+            running.extend(admitted)
+            self._advance(logits, first, cache)
+        if running:
+            cache.fit(max(r.length for r in running) + 1)
+            tokens = torch.tensor([r.out[-1] for r in running])
+            lengths = torch.tensor([r.length for r in running])
+            logits = self.forward.decode(tokens, lengths, cache, self._groups(running))
+            for request in running:
+                request.length += 1
+            self._advance(logits, 0, cache)
+
+    def _advance(self, logits: torch.Tensor, first: int, cache: KVCache) -> None:
+        """Sample the next token of rows ``first..`` of the batch and retire the rows that are done."""
+        rows = self._running[first:]
+        params = [r.params for r in rows]
+        tokens, log_probs = sample(
+            logits,
+            [p.temperature for p in params],
+            [p.top_p for p in params],
+            [p.top_k for p in params],
+            torch.tensor([r.seed for r in rows]),
+            torch.tensor([len(r.out) for r in rows]),
+        )
+        done: list[tuple[int, dict[str, Any]]] = []
+        for row, (request, token, log_prob) in enumerate(zip(rows, tokens, log_probs, strict=True)):
+            request.out.append(token)
+            request.log_probs.append(log_prob)
+            finish = self._finish_reason(request, token)
+            if finish is not None:
+                done.append((first + row, finish))
+        for index, finish in reversed(done):
+            self._remove(index, cache, finish)
+
+    def _finish_reason(self, request: Request, token: int) -> dict[str, Any] | None:
+        if token in request.stop_ids:
+            return {"type": STOP, "matched": token}
+        matched = self._stop_string(request.out, request.params.stop)
+        if matched is not None:
+            return {"type": STOP, "matched": matched}
+        if len(request.out) >= request.budget:
+            return {"type": LENGTH, "length": len(request.out)}
+        return None
+
+    def _remove(self, index: int, cache: KVCache, finish: dict[str, Any]) -> None:
+        """Take row ``index`` out of the batch: the last row moves into its place."""
+        running = self._running
+        request, last = running[index], len(running) - 1
+        if index != last:
+            cache.move(last, index)
+            running[index] = running[last]
+        running.pop()
+        self._finish(request, finish)
+
+    def _finish(self, request: Request, finish: dict[str, Any]) -> None:
+        self._release(request)
+        request.future.set_result(Generation(request.out, request.log_probs, finish))
+
+    def _release(self, request: Request) -> None:
+        if request.adapter is not None:
+            with self._cond:
+                self._holds[request.adapter] -= 1
+                self._cond.notify_all()
+
+    def _abort_reason(self) -> dict[str, Any]:
+        message = "the engine is shutting down" if self.closing else "aborted by /abort_request"
+        return {"type": ABORT, "message": message}
+
+    def _groups(self, rows: list[Request]) -> list[tuple[torch.Tensor | None, LoraWeights]]:
+        """The batch's rows grouped by adapter (rows on no adapter need no group)."""
+        names = [r.adapter for r in rows]
+        used = set(names) - {None}
+        if not used:
+            return []
+        if len(used) == 1 and None not in names:
+            return [(None, self._lora[names[0]])]
+        return [
+            (torch.tensor([i for i, n in enumerate(names) if n == name]), self._lora[name]) for name in sorted(used)
+        ]
 
     def _stop_string(self, out: list[int], stops: tuple[str, ...]) -> str | None:
         if not stops:
@@ -261,9 +431,6 @@ class MultiLoraModel:
             if stop in tail:
                 return stop
         return None
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

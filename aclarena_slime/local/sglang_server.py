@@ -86,7 +86,9 @@ class SGLangServer:
             "enable_memory_saver": False,
             "enable_lora": True,
             "lora_paths": dict(model.adapters),
-            "max_loras_per_batch": 1,
+            "max_loras_per_batch": model.settings.max_running_requests,
+            "max_running_requests": model.settings.max_running_requests,
+            "max_prefill_tokens": model.settings.max_prefill_tokens,
             "disaggregation_mode": "null",
             "skip_server_warmup": True,
             "enable_metrics": False,
@@ -121,14 +123,13 @@ class SGLangServer:
         )
 
     def _load(self) -> dict[str, Any]:
-        # One worker thread: one request decodes, the others wait in its queue.
-        in_flight = len(self.engine.requests)
+        model = self.engine.model
         return {
             "dp_rank": 0,
-            "num_running_reqs": min(in_flight, 1),
-            "num_waiting_reqs": max(in_flight - 1, 0),
-            "num_total_tokens": self.engine.model.max_positions or 0,
-            "num_used_tokens": 0,
+            "num_running_reqs": model.num_running,
+            "num_waiting_reqs": model.num_waiting,
+            "num_total_tokens": model.max_positions or 0,
+            "num_used_tokens": model.used_tokens,
         }
 
     async def _loads(self, request: web.Request) -> web.Response:
@@ -171,7 +172,7 @@ class SGLangServer:
         return web.Response(status=200)
 
     async def _flush_cache(self, request: web.Request) -> web.Response:
-        # The engine keeps no cache between requests (a fresh KV cache per request): nothing to flush.
+        # The engine keeps no cache between requests (a sequence's KV rows go with it): nothing to flush.
         return web.Response(
             text="Cache flushed.\nPlease check backend logs for more details. "
             "(When there are running or waiting requests, the operation will not be performed.)\n"
@@ -230,5 +231,7 @@ def serve(engine: LocalEngine, model_path: str | Path, host: str, port: int) -> 
         engine.model.closing = True  # a request mid-decode ends with finish reason abort
 
     app.on_shutdown.append(stop_decoding)
-    print(f"[serve-engine] serving {model_path} as an SGLang {SGLANG_VERSION} server at http://{host}:{port}", flush=True)
+    print(
+        f"[serve-engine] serving {model_path} as an SGLang {SGLANG_VERSION} server at http://{host}:{port}", flush=True
+    )
     web.run_app(app, host=host, port=port, access_log=None, print=None)

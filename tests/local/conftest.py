@@ -48,3 +48,25 @@ def adapter_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("adapter") / "expert"
     model.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def reference_log_probs(tiny_model_dir: Path):
+    """``fn(ids, out, temperature, adapter_dir=None)``: log-probs of ``out`` after ``ids`` from one plain
+    transformers (and PEFT) forward of the whole sequence, as the trainer computes them."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from aclarena_slime.local.generation import token_log_probs
+
+    models: dict[Path | None, torch.nn.Module] = {}
+
+    def compute(ids: list[int], out: list[int], temperature: float, adapter: Path | None = None) -> list[float]:
+        if adapter not in models:
+            base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+            models[adapter] = (PeftModel.from_pretrained(base, str(adapter)) if adapter else base).eval()
+        with torch.inference_mode():
+            logits = models[adapter](input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1 : -1]
+        return token_log_probs(logits, torch.tensor(out), temperature).tolist()
+
+    return compute

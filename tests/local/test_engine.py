@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-import torch
 
 from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import SamplingParams, token_log_probs
+from aclarena_slime.local.generation import SamplingParams
 from aclarena_slime.sglang_client import SGLangClient, SGLangError, finish_reason, output_tokens
 
 
@@ -24,31 +23,24 @@ def prompt_ids(engine, text="Write a number."):
     return engine.chat.prompt_ids([{"role": "user", "content": text}])
 
 
-def recomputed(engine_model, ids, out, temperature, adapter=None):
-    """Log-probs of ``out`` after ``ids`` from one full forward, as the trainer computes them."""
-    with torch.inference_mode(), engine_model._using(adapter) as model:
-        logits = model(input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1 : -1]
-    return token_log_probs(logits, torch.tensor(out), temperature).tolist()
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
-async def test_log_probs_are_the_trainers(engine, temperature):
+async def test_log_probs_are_the_trainers(engine, temperature, reference_log_probs):
     ids = prompt_ids(engine)
     params = {"temperature": temperature, "max_new_tokens": 12, "sampling_seed": 3}
     response = await engine.client.generate(ids, params)
     out, log_probs = output_tokens(response)
     assert out and len(out) == len(log_probs) == response["meta_info"]["completion_tokens"]
-    assert log_probs == pytest.approx(recomputed(engine.model, ids, out, temperature), abs=1e-5)
+    assert log_probs == pytest.approx(reference_log_probs(ids, out, temperature), abs=1e-5)
 
 
-async def test_adapter_changes_output_and_log_probs_follow_it(engine, adapter_dir):
+async def test_adapter_changes_output_and_log_probs_follow_it(engine, adapter_dir, reference_log_probs):
     ids = prompt_ids(engine)
     await engine.client.load_lora_adapter("expert", str(adapter_dir))
     params = {"temperature": 0.0, "max_new_tokens": 8}
     base = output_tokens(await engine.client.generate(ids, params))
     tuned = output_tokens(await engine.client.generate(ids, params, lora_path="expert"))
     assert base[0] != tuned[0]
-    assert tuned[1] == pytest.approx(recomputed(engine.model, ids, tuned[0], 1.0, "expert"), abs=1e-5)
+    assert tuned[1] == pytest.approx(reference_log_probs(ids, tuned[0], 1.0, adapter_dir), abs=1e-5)
     # The base model is untouched by the loaded adapter.
     assert output_tokens(await engine.client.generate(ids, params)) == base
 
