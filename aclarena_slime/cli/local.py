@@ -14,6 +14,8 @@ from aclarena_slime.cli import CommandError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from aclarena_slime.local.config import EngineSettings
+
     parser = subparsers.add_parser(
         "local",
         help="run an RL stage on the local backend (CPU, embedded engine)",
@@ -28,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stage.add_argument("recipe", help="a stage recipe, e.g. recipes/stage1_math.yaml")
     stage.add_argument(
-        "overrides", nargs="*", help="Hydra overrides, e.g. rollout.num_rollout=4 algorithm.lr=5e-3 cluster.local.model=DIR"
+        "overrides",
+        nargs="*",
+        help="Hydra overrides, e.g. rollout.num_rollout=4 algorithm.lr=5e-3 cluster.local.model=DIR",
     )
     stage.add_argument("--json", action="store_true", help="print the metrics as JSON")
     stage.set_defaults(handler=run_stage_command)
@@ -48,6 +52,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--served-name", default="local", help="OpenAI model name of the base model")
     serve.add_argument("--seed", type=int, default=0, help="sampling seed of requests without sampling_seed")
     serve.add_argument("--torch-threads", type=int, default=1, help="CPU threads for torch (1 suits tiny models)")
+    serve.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=EngineSettings.max_running_requests,
+        help="requests decoding together",
+    )
+    serve.add_argument(
+        "--max-prefill-tokens", type=int, default=EngineSettings.max_prefill_tokens, help="prompt tokens per prefill"
+    )
     serve.add_argument("--work-dir", default=".", help="where --model tiny is written (WORK_DIR/base_model)")
     serve.set_defaults(handler=serve_engine_command)
 
@@ -98,6 +111,7 @@ def serve_engine_command(args: argparse.Namespace) -> int:
     import torch
 
     from aclarena_slime.experts import ExpertError
+    from aclarena_slime.local.config import EngineSettings, LocalConfigError
     from aclarena_slime.local.engine import LocalEngine
     from aclarena_slime.local.generation import GenerationError, MultiLoraModel
     from aclarena_slime.local.sglang_server import serve
@@ -111,10 +125,11 @@ def serve_engine_command(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.torch_threads)
     try:
         model_dir = prepare_model(args.model, Path(args.work_dir), args.seed)
-        model = MultiLoraModel.from_pretrained(model_dir, seed=args.seed)
+        settings = EngineSettings(args.max_running_requests, args.max_prefill_tokens)
+        model = MultiLoraModel.from_pretrained(model_dir, seed=args.seed, settings=settings)
         for name, path in adapters.items():
             model.load_adapter(name, path)
-    except (LocalStageError, GenerationError, ExpertError, OSError) as exc:
+    except (LocalStageError, LocalConfigError, GenerationError, ExpertError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     serve(LocalEngine(model, served_name=args.served_name), model_dir, args.host, args.port)
     return 0

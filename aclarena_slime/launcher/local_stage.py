@@ -40,6 +40,7 @@ RECIPE_KEYS = {
 BACKEND_FIELDS = (
     "model", "backbone", "base_adapter", "seed", "data_path", "eval_data_path", "eval_size", "top_p",
     "updates_per_step", "engine_host", "engine_port", "max_concurrency", "micro_batch_size", "torch_threads",
+    "max_running_requests", "max_prefill_tokens",
     "served_name", "progress", "monitor", "replay", "warm_start_steps", "warm_start_demos", "warm_start_records",
     "warm_start_lr", "warm_start_batch_size", "warm_start_min_reward",
 )  # fmt: skip

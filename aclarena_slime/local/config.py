@@ -30,6 +30,27 @@ class LocalConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class EngineSettings:
+    """How much the embedded engine batches (SGLang's server-argument names).
+
+    ``max_running_requests``: sequences decoding together, one forward per step for all of them; more
+    wait in a queue. ``max_prefill_tokens``: the most prompt tokens (padded) one prefill forward takes,
+    so a burst of long prompts joins over a few steps instead of stalling the decode; a longer prompt
+    still runs, alone. The defaults suit a 2-core laptop and the tiny models: one GRPO step of
+    8 prompts x 8 samples decodes as one batch (``docs/notes-engine.md`` has the measurements).
+    """
+
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_running_requests", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
 class LocalStageConfig:
     """One RL stage on the local backend: env, data, model, GRPO/PPO step, LoRA, outputs.
 
@@ -78,6 +99,8 @@ class LocalStageConfig:
     engine_host: str = "127.0.0.1"
     engine_port: int = 0  # 0: a free port chosen by the OS
     max_concurrency: int = 8  # rollouts in flight at once against the engine
+    max_running_requests: int = EngineSettings.max_running_requests  # the engine's batch (EngineSettings)
+    max_prefill_tokens: int = EngineSettings.max_prefill_tokens
     micro_batch_size: int = 8  # sequences per forward/backward in the trainer
     torch_threads: int | None = None  # None: torch's default; 1 is fastest for the tiny model
     served_name: str = "local"  # OpenAI model name of the base; "<served_name>:<adapter>" for an adapter
@@ -157,6 +180,7 @@ class LocalStageConfig:
         if self.tiny_hidden_size % 4:
             raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")
         self._check_warm_start()
+        self.engine_settings  # noqa: B018 - validates the engine's settings now, naming the bad one
         if not isinstance(self.env_config, Mapping):
             raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")
 
@@ -175,6 +199,11 @@ class LocalStageConfig:
             )
         if self.warm_start_lr <= 0:
             raise LocalConfigError(f"warm_start_lr must be positive, got {self.warm_start_lr!r}")
+
+    @property
+    def engine_settings(self) -> EngineSettings:
+        """What the stage's embedded engine runs with."""
+        return EngineSettings(self.max_running_requests, self.max_prefill_tokens)
 
     @property
     def warm_start_dir(self) -> Path:

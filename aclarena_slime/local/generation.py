@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from aclarena_slime.experts import validate_adapter_name
+from aclarena_slime.local.config import EngineSettings
 from aclarena_slime.local.forward import BatchForward, KVCache, LoraWeights, UnsupportedModel
 from aclarena_slime.local.sampling import sample
 
@@ -109,27 +110,6 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     """Log-probs of ``tokens`` under ``logits`` as the engine reports them (temperature 0 counts as 1)."""
     scaled = logits.float() / (temperature if temperature > 0 else 1.0)
     return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """How much the engine batches; SGLang's server-argument names.
-
-    ``max_running_requests``: sequences decoding together (one forward per step for all of them);
-    more wait in a queue. ``max_prefill_tokens``: the most prompt tokens (padded) one prefill forward
-    takes, so a burst of long prompts joins over a few steps instead of stalling the decode; a prompt
-    longer than this still runs, alone. The defaults suit a 2-core laptop with the tiny models: one
-    GRPO step of 8 prompts x 8 samples decodes as one batch.
-    """
-
-    max_running_requests: int = 64
-    max_prefill_tokens: int = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("max_running_requests", "max_prefill_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise GenerationError(f"{name} must be a positive integer, got {value!r}")
 
 
 class Request:

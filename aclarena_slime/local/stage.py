@@ -287,7 +287,8 @@ def rollout_args(
 async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[tuple[LocalEngine, str, Environment]]:
     """The engine on ``model_dir`` and the stage's env bound to it; on exit the env and the rollout
     context (the rollouts' envs and HTTP session) are closed, on this loop, before the engine stops."""
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed), served_name=cfg.served_name)
+    model = MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings)
+    engine = LocalEngine(model, served_name=cfg.served_name)
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
         env = get_environment(cfg.env, bind_engine(cfg.env_config, url, cfg.served_name))
         try:

@@ -61,7 +61,9 @@ async def test_loads_count_requests_in_flight_and_abort_stops_them(server):
         if loads[0]["num_running_reqs"] + loads[0]["num_waiting_reqs"] == 2:
             break
         await asyncio.sleep(0.01)
-    assert loads == [{**loads[0], "dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": 1}]
+    # Both decode together (the engine batches every request in flight, up to max_running_requests).
+    assert loads == [{**loads[0], "dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 0}]
+    assert loads[0]["num_used_tokens"] >= 5  # both prompts are in the KV cache
     legacy = (await call(server, "GET", "/get_load"))[1]
     assert legacy[0]["num_reqs"] == 2
     assert (await call(server, "POST", "/abort_request", json={"rid": "long"}))[0] == 200

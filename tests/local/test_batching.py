@@ -1,0 +1,147 @@
+"""Continuous batching: requests in flight decode together, on mixed adapters, with the answers of one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from aclarena_slime.local.config import EngineSettings, LocalConfigError, LocalStageConfig
+from aclarena_slime.local.engine import LocalEngine
+from aclarena_slime.local.generation import GenerationError, MultiLoraModel, SamplingParams
+from aclarena_slime.sglang_client import SGLangClient, SGLangError, output_tokens
+
+PROMPTS = ["Write a number.", "hi", "What is 2 + 2?", "Please reason step by step about the capital of France."]
+
+
+@pytest.fixture
+async def engine(engine_model, adapter_dir):
+    eng = LocalEngine(engine_model, served_name="tiny")
+    async with eng.serve() as url:
+        eng.client = SGLangClient(url)
+        await eng.client.load_lora_adapter("expert", str(adapter_dir))
+        yield eng
+
+
+def prompt(engine, i):
+    return engine.chat.prompt_ids([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+
+
+async def until(condition, tries=2000):
+    """Poll ``condition`` (no clock: the state is what the caller asserts)."""
+    for _ in range(tries):
+        if condition():
+            return True
+        await asyncio.sleep(0.005)
+    return False
+
+
+async def test_requests_in_flight_decode_together(engine):
+    params = {"max_new_tokens": 5000, "ignore_eos": True, "temperature": 1.0}
+    calls = [
+        asyncio.ensure_future(engine.client.generate(prompt(engine, i), params, lora_path="expert" if i % 2 else None))
+        for i in range(8)
+    ]
+    together = await until(lambda: engine.model.num_running == 8)
+    engine.abort(abort_all=True)
+    answers = await asyncio.gather(*calls)
+    assert together, "the 8 requests never decoded in one batch"
+    assert {a["meta_info"]["finish_reason"]["type"] for a in answers} == {"abort"}
+
+
+async def test_mixed_adapters_in_one_batch_match_a_plain_forward(engine, adapter_dir, reference_log_probs):
+    params = {"temperature": 1.0, "max_new_tokens": 10}
+    jobs = [(prompt(engine, i), "expert" if i % 3 == 0 else None, {**params, "sampling_seed": i}) for i in range(12)]
+    answers = await asyncio.gather(*(engine.client.generate(ids, p, lora_path=lora) for ids, lora, p in jobs))
+    for (ids, lora, _), answer in zip(jobs, answers, strict=True):
+        out, log_probs = output_tokens(answer)
+        expected = reference_log_probs(ids, out, 1.0, adapter_dir if lora else None)
+        assert log_probs == pytest.approx(expected, abs=2e-3)
+
+
+async def test_seeded_request_draws_the_same_tokens_alone_or_among_64(engine):
+    params = {"temperature": 1.0, "max_new_tokens": 12, "top_p": 0.95}
+    ids = prompt(engine, 0)
+    alone = output_tokens(await engine.client.generate(ids, {**params, "sampling_seed": 7}, lora_path="expert"))
+    crowd = await asyncio.gather(
+        *(
+            engine.client.generate(
+                prompt(engine, i) if i != 7 else ids,
+                {**params, "sampling_seed": i, "max_new_tokens": 4 + i % 11},  # rows leave at different steps
+                lora_path="expert" if i % 2 else None,
+            )
+            for i in range(64)
+        )
+    )
+    assert output_tokens(crowd[7])[0] == alone[0][: 4 + 7 % 11]
+    assert output_tokens(crowd[7])[1] == pytest.approx(alone[1][: 4 + 7 % 11], abs=1e-4)
+    assert len({tuple(output_tokens(a)[0]) for a in crowd}) > 32  # distinct seeds, distinct draws
+
+
+async def test_greedy_batch_equals_one_at_a_time(engine):
+    jobs = [(prompt(engine, i), "expert" if i % 2 else None) for i in range(8)]
+    params = {"temperature": 0.0, "max_new_tokens": 8}
+    alone = [output_tokens(await engine.client.generate(ids, params, lora_path=lora))[0] for ids, lora in jobs]
+    together = await asyncio.gather(*(engine.client.generate(ids, params, lora_path=lora) for ids, lora in jobs))
+    assert [output_tokens(a)[0] for a in together] == alone
+
+
+async def test_abort_one_request_leaves_the_others_running(engine):
+    long = {"max_new_tokens": 5000, "ignore_eos": True, "temperature": 1.0}
+    aborted = asyncio.ensure_future(engine.generate(prompt(engine, 0), SamplingParams(**long), None, rid="gone"))
+    short = asyncio.ensure_future(engine.generate(prompt(engine, 1), SamplingParams(max_new_tokens=6), "expert"))
+    assert await until(lambda: engine.model.num_running == 2)
+    engine.abort("gone")
+    gone, kept = await aborted, await short
+    assert gone.finish["type"] == "abort" and len(gone.output_ids) < 5000
+    assert kept.finish["type"] in ("stop", "length") and 1 <= len(kept.output_ids) <= 6
+
+
+async def test_load_while_decoding_and_unload_waits_for_its_requests(engine, adapter_dir):
+    long = SamplingParams(max_new_tokens=5000, ignore_eos=True)
+    holder = asyncio.ensure_future(engine.generate(prompt(engine, 0), long, "expert", rid="holder"))
+    assert await until(lambda: engine.model.num_running == 1)
+    # A load does not wait for the decode: the request is still running when it returns.
+    await engine.client.load_lora_adapter("other", str(adapter_dir))
+    assert not holder.done() and engine.model.num_running == 1
+    unload = asyncio.ensure_future(engine.client.unload_lora_adapter("expert"))
+    assert await until(lambda: "expert" not in engine.model.adapters)
+    with pytest.raises(SGLangError, match="not loaded"):  # new requests for it are refused at once
+        await engine.client.generate(prompt(engine, 1), {"max_new_tokens": 2}, lora_path="expert")
+    other = await engine.client.generate(prompt(engine, 1), {"max_new_tokens": 3}, lora_path="other")
+    assert len(output_tokens(other)[0]) >= 1
+    assert not unload.done() and not holder.done()  # the unload waits for the request holding the adapter
+    engine.abort("holder")
+    assert (await holder).finish["type"] == "abort"
+    await unload
+    assert sorted(engine.model.adapters) == ["other"]
+
+
+async def test_max_running_requests_queues_the_rest(tiny_model_dir):
+    model = MultiLoraModel.from_pretrained(tiny_model_dir, settings=EngineSettings(max_running_requests=1))
+    eng = LocalEngine(model)
+    async with eng.serve():
+        long = SamplingParams(max_new_tokens=5000, ignore_eos=True)
+        calls = [asyncio.ensure_future(eng.generate(prompt(eng, i), long, None)) for i in range(3)]
+        assert await until(lambda: model.num_running == 1 and model.num_waiting == 2)
+        eng.abort(abort_all=True)
+        assert {r.finish["type"] for r in await asyncio.gather(*calls)} == {"abort"}
+
+
+def test_engine_settings_are_checked_and_reach_the_stage_config():
+    with pytest.raises(LocalConfigError, match="max_running_requests"):
+        EngineSettings(max_running_requests=0)
+    with pytest.raises(LocalConfigError, match="max_prefill_tokens"):
+        LocalStageConfig(env="math", output_dir="out", max_prefill_tokens=-1)
+    cfg = LocalStageConfig(env="math", output_dir="out", max_running_requests=16)
+    assert cfg.engine_settings == EngineSettings(max_running_requests=16)
+
+
+def test_an_adapter_the_engine_cannot_reproduce_is_refused(engine_model, adapter_dir, tmp_path):
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(GenerationError, match="use_dora"):
+        engine_model.load_adapter("dora", dora)
