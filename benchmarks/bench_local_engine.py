@@ -1,15 +1,27 @@
 """Tokens per second of the local backend's embedded engine, over HTTP as the rollout uses it.
 
-    python benchmarks/bench_local_engine.py [--model tiny|HF_DIR] [--tokens 128] [--requests 8] [--threads 1]
+    python benchmarks/bench_local_engine.py [--tokens 48] [--threads 2] [--sizes 64x2,256x4]
 
-Rows: one request at a time, with and without a LoRA adapter, then ``--requests`` requests in flight
-at once (the engine serves them one after another: there is no batching, which this row shows).
+Per model size (Qwen3-shaped, built in-process: the tests' tiny one, 64 wide with 2 layers, and one
+256 wide with 4 layers), the same 64 chat prompts of varied length are served:
+
+- one at a time (a few requests, each waiting for the last), then 8 and 64 in flight at once, half
+  of them on a LoRA adapter (rank 16 on all seven projections), through ``SGLangClient`` against the
+  engine's HTTP server;
+- the anchor a user would otherwise pick: Hugging Face ``generate`` on the base model with the 64
+  prompts in one left-padded batch, sampling, the same number of new tokens;
+- the worst absolute difference between the log-probs the engine reported for the 64 and a plain
+  transformers (+ PEFT) forward of prompt + response.
+
+Every request samples exactly ``--tokens`` tokens (``ignore_eos``). The machine's load average is
+printed with the table: the numbers are only comparable at similar load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -19,62 +31,149 @@ from rich.console import Console
 from rich.table import Table
 
 from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.local.stage import prepare_model
-from aclarena_slime.local.trainer import LoraTrainer, TrainSettings
+from aclarena_slime.local.generation import MultiLoraModel, token_log_probs
 from aclarena_slime.sglang_client import SGLangClient, output_tokens
+from aclarena_slime.testing.tiny_model import TinyShape, save_tiny_checkpoint
+
+TOPICS = ["numbers", "the sea", "a fox", "Paris", "tools", "prime numbers", "a long journey", "json"]
 
 
-async def timed(client: SGLangClient, prompt: list[int], n: int, tokens: int, lora: str | None) -> tuple[int, float]:
-    params = {"temperature": 1.0, "max_new_tokens": tokens, "ignore_eos": True}
-    start = time.perf_counter()
-    results = await asyncio.gather(
-        *(client.generate(prompt, {**params, "sampling_seed": i}, lora_path=lora) for i in range(n))
+def prompts(engine: LocalEngine, n: int) -> list[list[int]]:
+    """``n`` chat prompts of varied length (as a rollout's are)."""
+    out = []
+    for i in range(n):
+        text = f"Write about {TOPICS[i % len(TOPICS)]}." + " Be precise and brief." * (i % 5)
+        out.append(engine.chat.prompt_ids([{"role": "user", "content": text}]))
+    return out
+
+
+def make_adapter(model_dir: Path, out: Path) -> Path:
+    """A rank-16 PEFT adapter on the seven projections, with non-zero B so that it changes the output."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(r=16, lora_alpha=32, target_modules=targets)
     )
-    return sum(len(output_tokens(r)[0]) for r in results), time.perf_counter() - start
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    model.save_pretrained(out)
+    return out
+
+
+async def served(
+    client: SGLangClient, jobs: list[tuple[list[int], str | None]], tokens: int, in_flight: int
+) -> tuple[list[tuple[list[int], list[float]]], float]:
+    """Serve ``jobs`` with at most ``in_flight`` requests at once; the outputs and the seconds taken."""
+    params = {"temperature": 1.0, "max_new_tokens": tokens, "ignore_eos": True}
+    limit = asyncio.Semaphore(in_flight)
+
+    async def one(i: int, ids: list[int], lora: str | None) -> tuple[list[int], list[float]]:
+        async with limit:
+            return output_tokens(await client.generate(ids, {**params, "sampling_seed": i}, lora_path=lora))
+
+    start = time.perf_counter()
+    outs = await asyncio.gather(*(one(i, ids, lora) for i, (ids, lora) in enumerate(jobs)))
+    return outs, time.perf_counter() - start
+
+
+def hf_generate(model_dir: Path, batch: list[list[int]], tokens: int, pad: int) -> tuple[int, float]:
+    """Hugging Face ``generate`` on the base model, the prompts in one left-padded batch; tokens and seconds."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    longest = max(len(ids) for ids in batch)
+    input_ids = torch.tensor([[pad] * (longest - len(ids)) + ids for ids in batch])
+    mask = torch.tensor([[0] * (longest - len(ids)) + [1] * len(ids) for ids in batch])
+    kwargs = {"do_sample": True, "max_new_tokens": tokens, "min_new_tokens": tokens, "pad_token_id": pad}
+    with torch.inference_mode():
+        model.generate(input_ids=input_ids[:2], attention_mask=mask[:2], **{**kwargs, "max_new_tokens": 4})  # warm-up
+        start = time.perf_counter()
+        out = model.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
+        seconds = time.perf_counter() - start
+    return int((out.shape[1] - longest) * out.shape[0]), seconds
+
+
+def worst_log_prob_gap(
+    model_dir: Path, adapter: Path, jobs: list[tuple[list[int], str | None]], outs: list[tuple[list[int], list[float]]]
+) -> float:
+    """The largest |engine log-prob - plain forward log-prob| over every token of ``outs``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tuned = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), str(adapter)
+    ).eval()
+    worst = 0.0
+    with torch.inference_mode():
+        for (ids, lora), (out, log_probs) in zip(jobs, outs, strict=True):
+            model = tuned if lora else base
+            logits = model(input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1 : -1]
+            expected = token_log_probs(logits, torch.tensor(out), 1.0)
+            worst = max(worst, float((expected - torch.tensor(log_probs)).abs().max()))
+    return worst
+
+
+async def bench_size(shape: TinyShape, tokens: int, root: Path) -> list[tuple[str, int, float]]:
+    model_dir = save_tiny_checkpoint(root / f"model-{shape.hidden_size}x{shape.num_layers}", True, shape=shape)
+    adapter = make_adapter(model_dir, root / f"adapter-{shape.hidden_size}x{shape.num_layers}")
+    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir))
+    batch = prompts(engine, 64)
+    jobs = [(ids, "expert" if i % 2 else None) for i, ids in enumerate(batch)]
+    rows = []
+    async with engine.serve() as url:
+        client = SGLangClient(url)
+        await client.load_lora_adapter("expert", str(adapter))
+        await served(client, jobs[:8], 4, 8)  # warm-up
+        for name, n, in_flight in (("one at a time", 4, 1), ("8 in flight", 8, 8), ("64 in flight", 64, 64)):
+            outs, seconds = await served(client, jobs[:n], tokens, in_flight)
+            rows.append((name, sum(len(o[0]) for o in outs), seconds))
+    gap = worst_log_prob_gap(model_dir, adapter, jobs, outs)
+    pad = engine.model.tokenizer.pad_token_id or 0
+    rows.append(("HF generate, 64 in one batch", *hf_generate(model_dir, batch, tokens, pad)))
+    return rows, gap
 
 
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = prepare_model(args.model, Path(tmp), seed=0)
-        trainer = LoraTrainer.build(
-            model_dir,
-            TrainSettings(),
-            rank=16,
-            alpha=32,
-            dropout=0.0,
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        )
-        adapter = trainer.save(Path(tmp) / "adapter")
-        engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir))
-        prompt = engine.chat.prompt_ids([{"role": "user", "content": "Write a long story about numbers."}])
-        async with engine.serve() as url:
-            client = SGLangClient(url)
-            await client.load_lora_adapter("expert", str(adapter))
-            await timed(client, prompt, 1, 8, None)  # warm-up
-            rows = [
-                ("1 request, base model", *await timed(client, prompt, 1, args.tokens, None)),
-                ("1 request, LoRA r16 on 7 linears", *await timed(client, prompt, 1, args.tokens, "expert")),
-                (
-                    f"{args.requests} requests in flight, LoRA",
-                    *await timed(client, prompt, args.requests, args.tokens, "expert"),
-                ),
-            ]
+    sizes = [TinyShape(hidden_size=int(w), num_layers=int(d)) for w, d in (s.split("x") for s in args.sizes.split(","))]
+    load = os.getloadavg()
     table = Table(
-        title=f"local engine: model={args.model}, prompt {len(prompt)} tokens, {args.threads} torch thread(s)"
+        title=f"local engine over HTTP: {args.tokens} new tokens per request, {args.threads} torch thread(s), "
+        f"half the requests on a LoRA r16 adapter; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
-    for col in ("case", "tokens", "seconds", "tokens/s", "ms/token"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for name, n, secs in rows:
-        table.add_row(name, str(n), f"{secs:.2f}", f"{n / secs:.1f}", f"{1000 * secs / n:.2f}")
-    Console().print(table)
+    for col in ("model", "case", "tokens", "seconds", "tokens/s", "x one at a time", "x HF generate"):
+        table.add_column(col, justify="left" if col in ("model", "case") else "right")
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in sizes:
+            rows, gap = await bench_size(shape, args.tokens, Path(tmp))
+            single = rows[0][1] / rows[0][2]
+            anchor = rows[-1][1] / rows[-1][2]
+            for name, n, secs in rows:
+                rate = n / secs
+                table.add_row(
+                    f"{shape.hidden_size} wide, {shape.num_layers} layers",
+                    name,
+                    str(n),
+                    f"{secs:.2f}",
+                    f"{rate:.0f}",
+                    f"{rate / single:.1f}",
+                    f"{rate / anchor:.2f}",
+                )
+            table.add_row("", f"worst |log-prob - plain forward| (64 in flight): {gap:.1e}", "", "", "", "", "")
+    Console(width=160).print(table)
+    load = os.getloadavg()
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="'tiny' (built in-process) or a Hugging Face model directory")
-    parser.add_argument("--tokens", type=int, default=128, help="new tokens per request")
-    parser.add_argument("--requests", type=int, default=8, help="requests in flight in the last row")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens per request")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--sizes", default="64x2,256x4", help="model sizes, WIDTHxLAYERS, comma-separated")
     asyncio.run(main(parser.parse_args()))

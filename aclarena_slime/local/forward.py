@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 # Projections an adapter may target, as PEFT names them; the embedding is not one of them.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+MODEL_TYPES = ("llama", "qwen2", "qwen3")  # decoders whose layers this pass reproduces exactly
 CACHE_CHUNK = 64  # the KV cache grows (and shrinks) by this many positions
 
 
@@ -30,11 +31,12 @@ class UnsupportedModel(ValueError):
     """A model or adapter this forward cannot run exactly (the message says what)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: one object per loaded adapter
 class LoraWeights:
     """One adapter: ``module path -> (A [r, in], B * scaling [out, r])``."""
 
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    rank: int
 
     @classmethod
     def from_peft_dir(cls, path: Path, modules: dict[str, torch.nn.Linear]) -> LoraWeights:
@@ -73,7 +75,7 @@ class LoraWeights:
             out[module] = (a.float().contiguous(), (b.float() * scaling).contiguous())
         if not out:
             raise UnsupportedModel(f"{path}: no LoRA weights found")
-        return cls(out)
+        return cls(out, rank)
 
 
 def _read_state(path: Path) -> dict[str, torch.Tensor]:
@@ -86,8 +88,44 @@ def _read_state(path: Path) -> dict[str, torch.Tensor]:
     raise UnsupportedModel(f"{path}: no adapter_model.safetensors or adapter_model.bin")
 
 
-# Rows of a batch that share an adapter: (row indices, None when the group is the whole batch; adapter).
-Groups = Sequence[tuple[torch.Tensor | None, LoraWeights]]
+class LoraBatch:
+    """The adapters of a batch's rows, applied as one low-rank update per projection.
+
+    The used adapters' ``A`` are stacked ([sum of ranks, in]) and their ``B`` side by side
+    ([out, sum of ranks]); a 0/1 mask keeps, for each row, the rank columns of its own adapter (none
+    for a row on the base model). Two matmuls and a multiply per projection whatever the mix: on CPU
+    that measured faster than gathering each row's weights (a batched matmul over copies) or
+    indexing the rows of each adapter in and out (``docs/notes-engine.md``).
+    """
+
+    def __init__(self, used: tuple[LoraWeights, ...], mask: torch.Tensor | None, stacks: dict) -> None:
+        self.used, self.mask, self._stacks = used, mask, stacks
+
+    def rows_only(self) -> LoraBatch:
+        """The same rows with activations [rows, features] (the prompts' last positions)."""
+        return LoraBatch(self.used, None if self.mask is None else self.mask[:, 0], self._stacks)
+
+    def apply(self, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if not self.used:
+            return out
+        key = (self.used, name)
+        stack = self._stacks.get(key)
+        if stack is None:
+            stack = self._stacks[key] = self._stack(name, x.shape[-1], out.shape[-1])
+        if stack is None:
+            return out
+        low = x @ stack[0]
+        if self.mask is not None:
+            low = low * self.mask
+        return out.addmm_(low, stack[1]) if out.dim() == 2 else out.add_(low @ stack[1])
+
+    def _stack(self, name: str, d_in: int, d_out: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        blocks = [
+            lora.layers.get(name) or (torch.zeros(lora.rank, d_in), torch.zeros(d_out, lora.rank)) for lora in self.used
+        ]
+        if all(name not in lora.layers for lora in self.used):
+            return None
+        return torch.cat([a for a, _ in blocks]).T.contiguous(), torch.cat([b for _, b in blocks], 1).T.contiguous()
 
 
 class KVCache:
@@ -128,10 +166,8 @@ class BatchForward:
         inner = getattr(model, "model", None)
         layers = getattr(inner, "layers", None)
         config = model.config
-        if layers is None or not all(_is_plain_layer(layer) for layer in layers):
-            raise UnsupportedModel(
-                f"the local engine runs Llama/Qwen-shaped decoders; {type(model).__name__} is not one"
-            )
+        if config.model_type not in MODEL_TYPES or layers is None or not all(map(_is_plain_layer, layers)):
+            raise UnsupportedModel(f"the local engine runs {MODEL_TYPES} decoders; {type(model).__name__} is not one")
         if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
             raise UnsupportedModel("the local engine runs full attention only (no sliding window)")
         self.model, self.inner, self.layers = model, inner, list(layers)
@@ -140,6 +176,7 @@ class BatchForward:
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.scaling = float(attn.scaling)
+        self._stacks: dict = {}  # (adapters, projection) -> stacked LoRA weights, see LoraBatch
         self.linears: dict[str, torch.nn.Linear] = {
             name: module
             for name, module in model.named_modules()
@@ -149,83 +186,105 @@ class BatchForward:
     def new_cache(self, slots: int) -> KVCache:
         return KVCache(len(self.layers), slots, self.kv_heads, self.head_dim)
 
+    def lora_batch(self, adapters: Sequence[LoraWeights | None], rows_dims: int) -> LoraBatch:
+        """The LoRA update of a batch whose rows are on ``adapters`` (None: the base model).
+
+        ``rows_dims``: 1 when activations are [rows, features] (decode), 2 for [rows, positions, features].
+        """
+        used = tuple(dict.fromkeys(a for a in adapters if a is not None))
+        if len(self._stacks) > 16:  # a few mixes recur (one per step); drop stale ones wholesale
+            self._stacks.clear()
+        if not used or all(a is used[0] for a in adapters):
+            return LoraBatch(used, None, self._stacks)
+        mask = torch.zeros(len(adapters), sum(a.rank for a in used))
+        starts, offset = {}, 0
+        for a in used:
+            starts[a], offset = offset, offset + a.rank
+        for row, a in enumerate(adapters):
+            if a is not None:
+                mask[row, starts[a] : starts[a] + a.rank] = 1.0
+        return LoraBatch(used, mask if rows_dims == 1 else mask.unsqueeze(1), self._stacks)
+
+    def forget(self, lora: LoraWeights) -> None:
+        """Drop the stacked weights that include an adapter being unloaded."""
+        for key in [k for k in list(self._stacks) if lora in k[0]]:  # list(): the worker may add one meanwhile
+            self._stacks.pop(key, None)
+
     def prefill(
-        self, ids: torch.Tensor, lengths: torch.Tensor, cache: KVCache, first: int, groups: Groups
+        self, ids: torch.Tensor, lengths: torch.Tensor, cache: KVCache, first: int, lora: LoraBatch
     ) -> torch.Tensor:
         """Run right-padded prompts ``ids`` [n, L] into cache rows ``first..first+n``; logits at each prompt's end."""
         n, length = ids.shape
-        positions = torch.arange(length).expand(n, length)
         x = self.inner.embed_tokens(ids)
+        rope = self._rope(x, torch.arange(length).expand(n, length), 2)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, i, x, positions, groups)  # [n, L, heads, hd]
+            q, k, v = self._qkv(layer, i, x, rope, lora, (n, length))  # [n, L, heads, hd]
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             cache.k[i][first : first + n, :, :length] = k
             cache.v[i][first : first + n, :, :length] = v
             # Right padding: the causal mask already keeps every real position off the padding after it.
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
-            x = self._rest(layer, i, x, attn.transpose(1, 2).reshape(n, length, -1), groups)
-        last = x[torch.arange(n), lengths - 1]
-        return self._logits(last, groups)
+            x = self._rest(layer, i, x, attn.transpose(1, 2).reshape(n, length, -1), lora)
+        return self._logits(x[torch.arange(n), lengths - 1], lora.rows_only())
 
-    def decode(self, tokens: torch.Tensor, lengths: torch.Tensor, cache: KVCache, groups: Groups) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, lengths: torch.Tensor, cache: KVCache, lora: LoraBatch) -> torch.Tensor:
         """One new token for each of the first ``n`` rows, at position ``lengths`` [n]; next-token logits [n, V]."""
         n = tokens.shape[0]
         rows = torch.arange(n)
-        x = self.inner.embed_tokens(tokens.unsqueeze(1))  # [n, 1, hidden]
-        visible = (torch.arange(cache.capacity) <= lengths.unsqueeze(1)).view(n, 1, 1, -1)
+        x = self.inner.embed_tokens(tokens)  # [n, hidden]
+        rope = self._rope(x, lengths.unsqueeze(1), 1)
+        hidden = (torch.arange(cache.capacity) > lengths.unsqueeze(1)).view(n, 1, 1, -1)
         group = self.heads // self.kv_heads
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, i, x, lengths.unsqueeze(1), groups)  # [n, 1, heads, hd]
+            q, k, v = self._qkv(layer, i, x, rope, lora, (n,))  # [n, heads, hd]
             keys, values = cache.k[i], cache.v[i]
-            keys[rows, :, lengths] = k[:, 0]
-            values[rows, :, lengths] = v[:, 0]
+            keys[rows, :, lengths] = k
+            values[rows, :, lengths] = v
             q = q.view(n, self.kv_heads, group, self.head_dim)
-            scores = torch.matmul(q, keys[:n].transpose(-1, -2)) * self.scaling  # [n, kv, group, capacity]
-            probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-            attn = torch.matmul(probs, values[:n]).reshape(n, 1, -1)
-            x = self._rest(layer, i, x, attn, groups)
-        return self._logits(x[:, 0], groups)
+            scores = torch.matmul(q, keys[:n].transpose(-1, -2)).mul_(self.scaling)  # [n, kv, group, capacity]
+            probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
+            x = self._rest(layer, i, x, torch.matmul(probs, values[:n]).view(n, -1), lora)
+        return self._logits(x, lora)
 
     # --- the layer's pieces ---------------------------------------------------------------------------
 
-    def _linear(self, name: str, module: torch.nn.Linear, x: torch.Tensor, groups: Groups) -> torch.Tensor:
-        out = F.linear(x, module.weight, module.bias)
-        for rows, lora in groups:
-            ab = lora.layers.get(name)
-            if ab is None:
-                continue
-            if rows is None:
-                out += (x @ ab[0].T) @ ab[1].T
-            else:
-                out.index_add_(0, rows, (x.index_select(0, rows) @ ab[0].T) @ ab[1].T)
-        return out
+    def _linear(self, name: str, module: torch.nn.Linear, x: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
+        return lora.apply(name, x, F.linear(x, module.weight, module.bias))
+
+    def _norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor, rows_dims: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of ``positions``, shaped to multiply [rows(, positions), heads, head_dim]."""
+        cos, sin = self.inner.rotary_emb(x, positions)  # [n, L, hd]
+        if rows_dims == 1:
+            cos, sin = cos[:, 0], sin[:, 0]
+        return cos.unsqueeze(-2), sin.unsqueeze(-2)
 
     def _qkv(
-        self, layer: Any, i: int, x: torch.Tensor, positions: torch.Tensor, groups: Groups
+        self, layer: Any, i: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lora: LoraBatch, lead: tuple
     ) -> tuple[torch.Tensor, ...]:
         attn, prefix = layer.self_attn, f"model.layers.{i}.self_attn."
-        h = layer.input_layernorm(x)
-        n, length = h.shape[:2]
-        q = self._linear(prefix + "q_proj", attn.q_proj, h, groups).view(n, length, self.heads, self.head_dim)
-        k = self._linear(prefix + "k_proj", attn.k_proj, h, groups).view(n, length, self.kv_heads, self.head_dim)
-        v = self._linear(prefix + "v_proj", attn.v_proj, h, groups).view(n, length, self.kv_heads, self.head_dim)
+        h = self._norm(layer.input_layernorm, x)
+        q = self._linear(prefix + "q_proj", attn.q_proj, h, lora).view(*lead, self.heads, self.head_dim)
+        k = self._linear(prefix + "k_proj", attn.k_proj, h, lora).view(*lead, self.kv_heads, self.head_dim)
+        v = self._linear(prefix + "v_proj", attn.v_proj, h, lora).view(*lead, self.kv_heads, self.head_dim)
         if getattr(attn, "q_norm", None) is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = self.inner.rotary_emb(h, positions)  # [n, L, hd]
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+            q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
+        cos, sin = rope
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
-    def _rest(self, layer: Any, i: int, x: torch.Tensor, attn: torch.Tensor, groups: Groups) -> torch.Tensor:
+    def _rest(self, layer: Any, i: int, x: torch.Tensor, attn: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         prefix = f"model.layers.{i}."
-        x = x + self._linear(prefix + "self_attn.o_proj", layer.self_attn.o_proj, attn, groups)
-        h = layer.post_attention_layernorm(x)
+        x = x + self._linear(prefix + "self_attn.o_proj", layer.self_attn.o_proj, attn, lora)
+        h = self._norm(layer.post_attention_layernorm, x)
         mlp = layer.mlp
-        gate = self._linear(prefix + "mlp.gate_proj", mlp.gate_proj, h, groups)
-        up = self._linear(prefix + "mlp.up_proj", mlp.up_proj, h, groups)
-        return x + self._linear(prefix + "mlp.down_proj", mlp.down_proj, mlp.act_fn(gate) * up, groups)
+        gate = self._linear(prefix + "mlp.gate_proj", mlp.gate_proj, h, lora)
+        up = self._linear(prefix + "mlp.up_proj", mlp.up_proj, h, lora)
+        return x + self._linear(prefix + "mlp.down_proj", mlp.down_proj, mlp.act_fn(gate) * up, lora)
 
-    def _logits(self, hidden: torch.Tensor, groups: Groups) -> torch.Tensor:
-        return self._linear("lm_head", self.model.lm_head, self.inner.norm(hidden), groups)
+    def _logits(self, hidden: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
+        return self._linear("lm_head", self.model.lm_head, self._norm(self.inner.norm, hidden), lora)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

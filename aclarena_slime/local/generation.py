@@ -23,7 +23,7 @@ import torch
 
 from aclarena_slime.experts import validate_adapter_name
 from aclarena_slime.local.config import EngineSettings
-from aclarena_slime.local.forward import BatchForward, KVCache, LoraWeights, UnsupportedModel
+from aclarena_slime.local.forward import BatchForward, KVCache, LoraBatch, LoraWeights, UnsupportedModel
 from aclarena_slime.local.sampling import sample
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
@@ -225,7 +225,7 @@ class MultiLoraModel:
                 raise UnknownAdapter(f"adapter {name!r} is not loaded; loaded: {sorted(self.adapters) or 'none'}")
             del self.adapters[name]
             self._cond.wait_for(lambda: self._holds[name] == 0)
-            del self._lora[name]
+            self.forward.forget(self._lora.pop(name))
 
     # --- requests -------------------------------------------------------------------------------------
 
@@ -322,14 +322,14 @@ class MultiLoraModel:
                 request.length = len(request.ids)
             lengths = torch.tensor([len(r.ids) for r in admitted])
             first = len(running)
-            logits = self.forward.prefill(ids, lengths, cache, first, self._groups(admitted))
+            logits = self.forward.prefill(ids, lengths, cache, first, self._lora_batch(admitted, 2))
             running.extend(admitted)
             self._advance(logits, first, cache)
         if running:
             cache.fit(max(r.length for r in running) + 1)
             tokens = torch.tensor([r.out[-1] for r in running])
             lengths = torch.tensor([r.length for r in running])
-            logits = self.forward.decode(tokens, lengths, cache, self._groups(running))
+            logits = self.forward.decode(tokens, lengths, cache, self._lora_batch(running, 1))
             for request in running:
                 request.length += 1
             self._advance(logits, 0, cache)
@@ -343,8 +343,8 @@ class MultiLoraModel:
             [p.temperature for p in params],
             [p.top_p for p in params],
             [p.top_k for p in params],
-            torch.tensor([r.seed for r in rows]),
-            torch.tensor([len(r.out) for r in rows]),
+            [r.seed for r in rows],
+            [len(r.out) for r in rows],
         )
         done: list[tuple[int, dict[str, Any]]] = []
         for row, (request, token, log_prob) in enumerate(zip(rows, tokens, log_probs, strict=True)):
@@ -390,17 +390,8 @@ class MultiLoraModel:
         message = "the engine is shutting down" if self.closing else "aborted by /abort_request"
         return {"type": ABORT, "message": message}
 
-    def _groups(self, rows: list[Request]) -> list[tuple[torch.Tensor | None, LoraWeights]]:
-        """The batch's rows grouped by adapter (rows on no adapter need no group)."""
-        names = [r.adapter for r in rows]
-        used = set(names) - {None}
-        if not used:
-            return []
-        if len(used) == 1 and None not in names:
-            return [(None, self._lora[names[0]])]
-        return [
-            (torch.tensor([i for i, n in enumerate(names) if n == name]), self._lora[name]) for name in sorted(used)
-        ]
+    def _lora_batch(self, rows: list[Request], rows_dims: int) -> LoraBatch:
+        return self.forward.lora_batch([None if r.adapter is None else self._lora[r.adapter] for r in rows], rows_dims)
 
     def _stop_string(self, out: list[int], stops: tuple[str, ...]) -> str | None:
         if not stops:

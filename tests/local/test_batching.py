@@ -6,10 +6,12 @@ import asyncio
 import json
 
 import pytest
+import torch
 
 from aclarena_slime.local.config import EngineSettings, LocalConfigError, LocalStageConfig
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import GenerationError, MultiLoraModel, SamplingParams
+from aclarena_slime.local.sampling import sample
 from aclarena_slime.sglang_client import SGLangClient, SGLangError, output_tokens
 
 PROMPTS = ["Write a number.", "hi", "What is 2 + 2?", "Please reason step by step about the capital of France."]
@@ -60,23 +62,34 @@ async def test_mixed_adapters_in_one_batch_match_a_plain_forward(engine, adapter
         assert log_probs == pytest.approx(expected, abs=2e-3)
 
 
-async def test_seeded_request_draws_the_same_tokens_alone_or_among_64(engine):
-    params = {"temperature": 1.0, "max_new_tokens": 12, "top_p": 0.95}
-    ids = prompt(engine, 0)
-    alone = output_tokens(await engine.client.generate(ids, {**params, "sampling_seed": 7}, lora_path="expert"))
+async def test_seeded_requests_draw_the_same_tokens_alone_or_among_64(engine):
+    def job(i):
+        params = {"temperature": 1.0, "top_p": 0.95, "sampling_seed": i, "max_new_tokens": 4 + i % 11}
+        return prompt(engine, i), params, "expert" if i % 2 else None  # rows leave the batch at different steps
+
     crowd = await asyncio.gather(
-        *(
-            engine.client.generate(
-                prompt(engine, i) if i != 7 else ids,
-                {**params, "sampling_seed": i, "max_new_tokens": 4 + i % 11},  # rows leave at different steps
-                lora_path="expert" if i % 2 else None,
-            )
-            for i in range(64)
-        )
+        *(engine.client.generate(ids, p, lora_path=lora) for ids, p, lora in map(job, range(64)))
     )
-    assert output_tokens(crowd[7])[0] == alone[0][: 4 + 7 % 11]
-    assert output_tokens(crowd[7])[1] == pytest.approx(alone[1][: 4 + 7 % 11], abs=1e-4)
+    for i in range(0, 64, 9):
+        ids, params, lora = job(i)
+        alone = output_tokens(await engine.client.generate(ids, params, lora_path=lora))
+        assert output_tokens(crowd[i])[0] == alone[0]
+        assert output_tokens(crowd[i])[1] == pytest.approx(alone[1], abs=1e-4)
     assert len({tuple(output_tokens(a)[0]) for a in crowd}) > 32  # distinct seeds, distinct draws
+
+
+def test_draws_follow_the_filtered_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]]).repeat(20000, 1)
+    n = logits.shape[0]
+    for top_k, top_p, temperature in ((-1, 1.0, 1.0), (2, 1.0, 0.7), (-1, 0.8, 1.0)):
+        tokens, log_probs = sample(logits, [temperature] * n, [top_p] * n, [top_k] * n, range(n), [3] * n)
+        probs = torch.softmax(logits[0] / temperature, -1)
+        kept = 2 if top_k == 2 else int((probs.cumsum(0) - probs < top_p).sum())
+        expected = torch.zeros(5)
+        expected[:kept] = probs[:kept] / probs[:kept].sum()
+        freq = torch.bincount(torch.tensor(tokens), minlength=5).float() / n
+        assert freq.tolist() == pytest.approx(expected.tolist(), abs=0.015)
+        assert log_probs[0] == pytest.approx(float(torch.log(probs[tokens[0]])), abs=1e-5)
 
 
 async def test_greedy_batch_equals_one_at_a_time(engine):
