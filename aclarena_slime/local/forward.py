@@ -33,7 +33,7 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: one object per loaded adapter
 class LoraWeights:
-    """One adapter: ``module path -> (A [r, in], B * scaling [out, r])``."""
+    """One adapter: ``module path -> (A.T [in, r], (B * scaling).T [r, out])``, ready to right-multiply."""
 
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
     rank: int
@@ -72,7 +72,7 @@ class LoraWeights:
                 raise UnsupportedModel(
                     f"{path}: {module} has shapes {tuple(a.shape)}/{tuple(b.shape)}, not the model's"
                 )
-            out[module] = (a.float().contiguous(), (b.float() * scaling).contiguous())
+            out[module] = (a.float().T.contiguous(), (b.float() * scaling).T.contiguous())
         if not out:
             raise UnsupportedModel(f"{path}: no LoRA weights found")
         return cls(out, rank)
@@ -92,21 +92,36 @@ class LoraBatch:
     """The adapters of a batch's rows, applied as one low-rank update per projection.
 
     The used adapters' ``A`` are stacked ([sum of ranks, in]) and their ``B`` side by side
-    ([out, sum of ranks]); a 0/1 mask keeps, for each row, the rank columns of its own adapter (none
+    ([sum of ranks, out]); a 0/1 mask keeps, for each row, the rank columns of its own adapter (none
     for a row on the base model). Two matmuls and a multiply per projection whatever the mix: on CPU
     that measured faster than gathering each row's weights (a batched matmul over copies) or
-    indexing the rows of each adapter in and out (``docs/notes-engine.md``).
+    indexing the rows of each adapter in and out (``docs/notes-engine.md``). When the rows of each
+    adapter are contiguous (a prefill, whose rows the engine orders by adapter), ``segments`` apply
+    each adapter to its slice of rows only, and rows on the base model cost nothing.
     """
 
-    def __init__(self, used: tuple[LoraWeights, ...], mask: torch.Tensor | None, stacks: dict) -> None:
-        self.used, self.mask, self._stacks = used, mask, stacks
+    def __init__(
+        self,
+        used: tuple[LoraWeights, ...],
+        mask: torch.Tensor | None,
+        stacks: dict,
+        segments: list[tuple[int, int, LoraWeights]] | None = None,
+    ) -> None:
+        self.used, self.mask, self._stacks, self.segments = used, mask, stacks, segments
 
     def rows_only(self) -> LoraBatch:
         """The same rows with activations [rows, features] (the prompts' last positions)."""
-        return LoraBatch(self.used, None if self.mask is None else self.mask[:, 0], self._stacks)
+        mask = None if self.mask is None else self.mask[:, 0]
+        return LoraBatch(self.used, mask, self._stacks, self.segments)
 
     def apply(self, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if not self.used:
+            return out
+        if self.segments is not None:
+            for start, end, lora in self.segments:
+                ab = lora.layers.get(name)
+                if ab is not None:
+                    out[start:end] += (x[start:end] @ ab[0]) @ ab[1]
             return out
         key = (self.used, name)
         stack = self._stacks.get(key)
@@ -120,12 +135,12 @@ class LoraBatch:
         return out.addmm_(low, stack[1]) if out.dim() == 2 else out.add_(low @ stack[1])
 
     def _stack(self, name: str, d_in: int, d_out: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        blocks = [
-            lora.layers.get(name) or (torch.zeros(lora.rank, d_in), torch.zeros(d_out, lora.rank)) for lora in self.used
-        ]
         if all(name not in lora.layers for lora in self.used):
             return None
-        return torch.cat([a for a, _ in blocks]).T.contiguous(), torch.cat([b for _, b in blocks], 1).T.contiguous()
+        blocks = [
+            lora.layers.get(name) or (torch.zeros(d_in, lora.rank), torch.zeros(lora.rank, d_out)) for lora in self.used
+        ]
+        return torch.cat([a for a, _ in blocks], 1), torch.cat([b for _, b in blocks])
 
 
 class KVCache:
@@ -196,6 +211,11 @@ class BatchForward:
             self._stacks.clear()
         if not used or all(a is used[0] for a in adapters):
             return LoraBatch(used, None, self._stacks)
+        runs = [(row, a) for row, a in enumerate(adapters) if row == 0 or a is not adapters[row - 1]]
+        if len(runs) <= len(used) + 1:  # each adapter's rows are contiguous
+            ends = [row for row, _ in runs[1:]] + [len(adapters)]
+            segments = [(row, end, a) for (row, a), end in zip(runs, ends, strict=True) if a is not None]
+            return LoraBatch(used, None, self._stacks, segments)
         mask = torch.zeros(len(adapters), sum(a.rank for a in used))
         starts, offset = {}, 0
         for a in used:

@@ -314,6 +314,7 @@ class MultiLoraModel:
             if running[i].aborted or self.closing:
                 self._remove(i, cache, self._abort_reason())
         if admitted:
+            admitted.sort(key=lambda r: r.adapter or "")  # each adapter's rows contiguous: see LoraBatch
             longest = max(len(r.ids) for r in admitted)
             cache.fit(max([longest, *(r.length + 1 for r in running)]))
             ids = torch.zeros(len(admitted), longest, dtype=torch.long)

@@ -50,10 +50,11 @@ def _token_keys(vocab: int) -> torch.Tensor:
 
 
 def gumbel(seeds: Sequence[int], steps: Sequence[int], vocab: int) -> torch.Tensor:
-    """Gumbel noise [rows, vocab] (float64), a function of each row's (seed, step) and the token id only."""
+    """Gumbel noise [rows, vocab], a function of each row's (seed, step) and the token id only."""
     keys = torch.tensor([row_key(s, t) for s, t in zip(seeds, steps, strict=True)], dtype=torch.int64)
-    u = (_mix_tensor(keys.unsqueeze(1) ^ _token_keys(vocab)).double() + 0.5) / 2.0**32
-    return -torch.log(-torch.log(u))
+    bits = _mix_tensor(keys.unsqueeze(1) ^ _token_keys(vocab)) >> 8  # 24 bits: exact in float32, never 0 or 1
+    u = (bits.float() + 0.5) * 2.0**-24
+    return u.log_().neg_().log_().neg_()
 
 
 def sample(
@@ -74,7 +75,7 @@ def sample(
     any_greedy, all_greedy = bool(greedy.any()), bool(greedy.all())
     tokens = torch.argmax(logits, dim=-1) if any_greedy else None
     if not all_greedy:
-        scores = log_probs.double() + gumbel(seeds, steps, vocab)
+        scores = gumbel(seeds, steps, vocab).add_(log_probs)
         if any(p < 1.0 for p in top_ps) or any(0 < k < vocab for k in top_ks):
             probs, order = torch.sort(log_probs.exp(), dim=-1, descending=True)
             ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks]).unsqueeze(1)
