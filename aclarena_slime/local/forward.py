@@ -108,39 +108,61 @@ class LoraBatch:
         segments: list[tuple[int, int, LoraWeights]] | None = None,
     ) -> None:
         self.used, self.mask, self._stacks, self.segments = used, mask, stacks, segments
+        self._masks: dict[int, torch.Tensor] = {}  # the mask repeated for k projections side by side
 
     def rows_only(self) -> LoraBatch:
         """The same rows with activations [rows, features] (the prompts' last positions)."""
         mask = None if self.mask is None else self.mask[:, 0]
         return LoraBatch(self.used, mask, self._stacks, self.segments)
 
-    def apply(self, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self, names: tuple[str, ...], widths: tuple[int, ...], x: torch.Tensor, out: torch.Tensor
+    ) -> torch.Tensor:
+        """Add the update of projections ``names`` (of input ``x``) to ``out``, their outputs side by side."""
         if not self.used:
             return out
         if self.segments is not None:
-            for start, end, lora in self.segments:
-                ab = lora.layers.get(name)
-                if ab is not None:
-                    out[start:end] += (x[start:end] @ ab[0]) @ ab[1]
+            starts = [sum(widths[:j]) for j in range(len(names))]
+            for first, end, lora in self.segments:
+                for name, start, width in zip(names, starts, widths, strict=True):
+                    ab = lora.layers.get(name)
+                    if ab is not None:
+                        out[first:end, ..., start : start + width] += (x[first:end] @ ab[0]) @ ab[1]
             return out
-        key = (self.used, name)
+        key = (self.used, names)
         stack = self._stacks.get(key)
         if stack is None:
-            stack = self._stacks[key] = self._stack(name, x.shape[-1], out.shape[-1])
+            stack = self._stacks[key] = self._stack(names, widths, x.shape[-1])
         if stack is None:
             return out
         low = x @ stack[0]
         if self.mask is not None:
-            low = low * self.mask
+            mask = self._masks.get(len(names))
+            if mask is None:
+                mask = self._masks[len(names)] = self.mask.repeat(*(1,) * (self.mask.dim() - 1), len(names))
+            low = low * mask
         return out.addmm_(low, stack[1]) if out.dim() == 2 else out.add_(low @ stack[1])
 
-    def _stack(self, name: str, d_in: int, d_out: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if all(name not in lora.layers for lora in self.used):
+    def _stack(
+        self, names: tuple[str, ...], widths: tuple[int, ...], d_in: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A [in, k*R] and block-diagonal B [k*R, sum of widths] for k projections over the used adapters."""
+        if all(name not in lora.layers for lora in self.used for name in names):
             return None
-        blocks = [
-            lora.layers.get(name) or (torch.zeros(d_in, lora.rank), torch.zeros(lora.rank, d_out)) for lora in self.used
-        ]
-        return torch.cat([a for a, _ in blocks], 1), torch.cat([b for _, b in blocks])
+        rank = sum(lora.rank for lora in self.used)
+        a = torch.zeros(d_in, rank * len(names))
+        b = torch.zeros(rank * len(names), sum(widths))
+        column = 0
+        for j, (name, width) in enumerate(zip(names, widths, strict=True)):
+            r = j * rank
+            for lora in self.used:
+                ab = lora.layers.get(name)
+                if ab is not None:
+                    a[:, r : r + lora.rank] = ab[0]
+                    b[r : r + lora.rank, column : column + width] = ab[1]
+                r += lora.rank
+            column += width
+        return a, b
 
 
 class KVCache:
@@ -192,6 +214,11 @@ class BatchForward:
         self.kv_heads = int(config.num_key_value_heads)
         self.scaling = float(attn.scaling)
         self._stacks: dict = {}  # (adapters, projection) -> stacked LoRA weights, see LoraBatch
+        # q/k/v and gate/up as one matmul each; the modules' weights become views of the fused ones.
+        self.fused = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.fused.append((_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), _fuse([mlp.gate_proj, mlp.up_proj])))
         self.linears: dict[str, torch.nn.Linear] = {
             name: module
             for name, module in model.named_modules()
@@ -269,7 +296,7 @@ class BatchForward:
     # --- the layer's pieces ---------------------------------------------------------------------------
 
     def _linear(self, name: str, module: torch.nn.Linear, x: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
-        return lora.apply(name, x, F.linear(x, module.weight, module.bias))
+        return lora.apply((name,), (module.out_features,), x, F.linear(x, module.weight, module.bias))
 
     def _norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
@@ -286,9 +313,13 @@ class BatchForward:
     ) -> tuple[torch.Tensor, ...]:
         attn, prefix = layer.self_attn, f"model.layers.{i}.self_attn."
         h = self._norm(layer.input_layernorm, x)
-        q = self._linear(prefix + "q_proj", attn.q_proj, h, lora).view(*lead, self.heads, self.head_dim)
-        k = self._linear(prefix + "k_proj", attn.k_proj, h, lora).view(*lead, self.kv_heads, self.head_dim)
-        v = self._linear(prefix + "v_proj", attn.v_proj, h, lora).view(*lead, self.kv_heads, self.head_dim)
+        qkv = F.linear(h, *self.fused[i][0])
+        dq, dk = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        names = (prefix + "q_proj", prefix + "k_proj", prefix + "v_proj")
+        qkv = lora.apply(names, (dq, dk, dk), h, qkv)
+        q = qkv[..., :dq].view(*lead, self.heads, self.head_dim)
+        k = qkv[..., dq : dq + dk].view(*lead, self.kv_heads, self.head_dim)
+        v = qkv[..., dq + dk :].view(*lead, self.kv_heads, self.head_dim)
         if getattr(attn, "q_norm", None) is not None:
             q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
         cos, sin = rope
@@ -299,12 +330,31 @@ class BatchForward:
         x = x + self._linear(prefix + "self_attn.o_proj", layer.self_attn.o_proj, attn, lora)
         h = self._norm(layer.post_attention_layernorm, x)
         mlp = layer.mlp
-        gate = self._linear(prefix + "mlp.gate_proj", mlp.gate_proj, h, lora)
-        up = self._linear(prefix + "mlp.up_proj", mlp.up_proj, h, lora)
+        gate_up = F.linear(h, *self.fused[i][1])
+        width = mlp.gate_proj.out_features
+        names = (prefix + "mlp.gate_proj", prefix + "mlp.up_proj")
+        gate_up = lora.apply(names, (width, width), h, gate_up)
+        gate, up = gate_up[..., :width], gate_up[..., width:]
         return x + self._linear(prefix + "mlp.down_proj", mlp.down_proj, mlp.act_fn(gate) * up, lora)
 
     def _logits(self, hidden: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         return self._linear("lm_head", self.model.lm_head, self._norm(self.inner.norm, hidden), lora)
+
+
+def _fuse(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for projections of the same input; each module keeps a view of its rows."""
+    weight = torch.cat([m.weight.detach() for m in modules])
+    bias = None
+    if any(m.bias is not None for m in modules):
+        bias = torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.out_features) for m in modules])
+    start = 0
+    for m in modules:
+        end = start + m.out_features
+        m.weight = torch.nn.Parameter(weight[start:end], requires_grad=False)
+        if m.bias is not None:
+            m.bias = torch.nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
