@@ -229,8 +229,7 @@ def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
     with pytest.warns(UserWarning, match="no warm_start_demos for env 'retail'"):
         retail = local_config(
             load_recipe(
-                recipes / "stage3_retail.yaml",
-                [f"paths.root={tmp_path}", "cluster=local", "cluster.local.warm_start_steps=5"],
+                recipes / "stage3_retail.yaml", [f"paths.root={tmp_path}", "cluster=local", "cluster.local.warm_start_steps=5"]
             )
         )
     assert retail.warm_start_steps == 0
