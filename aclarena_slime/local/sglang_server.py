@@ -122,7 +122,8 @@ class SGLangServer:
             }
         )
 
-    def _load(self) -> dict[str, Any]:
+    def load(self) -> dict[str, Any]:
+        """One rank's load, as ``/v1/loads`` reports it."""
         model = self.engine.model
         return {
             "dp_rank": 0,
@@ -137,14 +138,14 @@ class SGLangServer:
         if dp_rank is not None and dp_rank != "0":
             return _http_error(400, f"dp_rank {dp_rank} is out of range: this engine has one rank (0)")
         if request.query.get("format") == "prometheus":
-            lines = [f'sglang_{k}{{dp_rank="0"}} {v}' for k, v in self._load().items() if k != "dp_rank"]
+            lines = [f'sglang_{k}{{dp_rank="0"}} {v}' for k, v in self.load().items() if k != "dp_rank"]
             return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
         return web.json_response(
-            {"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION, "loads": [self._load()]}
+            {"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION, "loads": [self.load()]}
         )
 
     async def _get_load(self, request: web.Request) -> web.Response:
-        load = self._load()
+        load = self.load()
         return web.json_response(
             [
                 {

@@ -12,6 +12,7 @@ from aclarena_slime.local.config import EngineSettings, LocalConfigError, LocalS
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import GenerationError, MultiLoraModel, SamplingParams
 from aclarena_slime.local.sampling import sample
+from aclarena_slime.local.sglang_server import SGLangServer
 from aclarena_slime.sglang_client import SGLangClient, SGLangError, output_tokens
 
 PROMPTS = ["Write a number.", "hi", "What is 2 + 2?", "Please reason step by step about the capital of France."]
@@ -45,7 +46,8 @@ async def test_requests_in_flight_decode_together(engine):
         asyncio.ensure_future(engine.client.generate(prompt(engine, i), params, lora_path="expert" if i % 2 else None))
         for i in range(8)
     ]
-    together = await until(lambda: engine.model.num_running == 8)
+    server = SGLangServer(engine, "tiny", "127.0.0.1", 0)  # its /v1/loads report, read directly
+    together = await until(lambda: server.load()["num_running_reqs"] == 8)
     engine.abort(abort_all=True)
     answers = await asyncio.gather(*calls)
     assert together, "the 8 requests never decoded in one batch"
@@ -104,7 +106,7 @@ async def test_abort_one_request_leaves_the_others_running(engine):
     long = {"max_new_tokens": 5000, "ignore_eos": True, "temperature": 1.0}
     aborted = asyncio.ensure_future(engine.generate(prompt(engine, 0), SamplingParams(**long), None, rid="gone"))
     short = asyncio.ensure_future(engine.generate(prompt(engine, 1), SamplingParams(max_new_tokens=6), "expert"))
-    assert await until(lambda: engine.model.num_running == 2)
+    assert await until(lambda: len(engine.requests) == 2)
     engine.abort("gone")
     gone, kept = await aborted, await short
     assert gone.finish["type"] == "abort" and len(gone.output_ids) < 5000
@@ -114,10 +116,10 @@ async def test_abort_one_request_leaves_the_others_running(engine):
 async def test_load_while_decoding_and_unload_waits_for_its_requests(engine, adapter_dir):
     long = SamplingParams(max_new_tokens=5000, ignore_eos=True)
     holder = asyncio.ensure_future(engine.generate(prompt(engine, 0), long, "expert", rid="holder"))
-    assert await until(lambda: engine.model.num_running == 1)
+    assert await until(lambda: len(engine.requests) == 1)
     # A load does not wait for the decode: the request is still running when it returns.
     await engine.client.load_lora_adapter("other", str(adapter_dir))
-    assert not holder.done() and engine.model.num_running == 1
+    assert not holder.done()
     unload = asyncio.ensure_future(engine.client.unload_lora_adapter("expert"))
     assert await until(lambda: "expert" not in engine.model.adapters)
     with pytest.raises(SGLangError, match="not loaded"):  # new requests for it are refused at once
