@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,16 +181,20 @@ def agree(ours: Any, theirs: Any) -> bool:
         return _show(ours) == _show(theirs)
 
 
+def _reader(spec: Mapping[str, Any]) -> Callable[[str], Any]:
+    """Our value of a key in one run: a compiled recipe, or an eval suite (``suite:``)."""
+    if "suite" in spec:
+        datasets = suite_datasets(spec["suite"])
+        return lambda key: suite_value(key, datasets)
+    recipe, command = compiled(spec["recipe"])
+    return lambda key: our_value(key, recipe, command)
+
+
 def table(data: Mapping[str, Any] | None = None) -> list[Row]:
     data = data if data is not None else load_data()
     out: list[Row] = []
     for run, spec in data["runs"].items():
-        if "suite" in spec:
-            datasets = suite_datasets(spec["suite"])
-            value = lambda key, datasets=datasets: suite_value(key, datasets)  # noqa: E731
-        else:
-            recipe, command = compiled(spec["recipe"])
-            value = lambda key, recipe=recipe, command=command: our_value(key, recipe, command)  # noqa: E731
+        value = _reader(spec)
         for row in run_rows(data, run):
             ours = value(row["key"])
             if agree(ours, row["authors"]):
