@@ -45,6 +45,9 @@ def test_retail_recipes_use_the_shaping_the_variance_filter_and_the_glm_user(tmp
         argv = command.train_args
         expected = ["aclarena_slime.slime_edge.rollout.task_reward_nonzero_std"]
         assert flag_value(argv, "--dynamic-sampling-filter-path") == expected
+        # Qwen3-Base ends on <|endoftext|> only: a reply to the customer must stop on <|im_end|> (151645)
+        assert flag_value(argv, "--rollout-stop-token-ids") == ["151645"]
+        assert retail["first_call_only"] is True and retail["shaping"]["user_failure"] == -0.3
         sim = [str(part) for part in command.services["user_sim"].command]
         assert sim[sim.index("--model-path") + 1].endswith("GLM-4.7-Flash")
         assert sim[sim.index("--served-model-name") + 1] == "user_sim"
