@@ -60,3 +60,21 @@ async def test_the_aime_eval_scores_a_response_as_training_does():
         finally:
             await env.aclose()
     assert rewards == {"defaults": (0.0, False), "paper": (1.0, True)}
+
+
+def test_mopd_evaluates_each_domain_with_its_own_settings_through_eval_config(tmp_path):
+    """recipes/eval/mopd.yaml compiles into slime's --eval-config, written beside the custom config."""
+    from aclarena_slime.recipes.compiler import compile_recipe
+    from aclarena_slime.recipes.compose import load_recipe
+
+    command = compile_recipe(load_recipe(RECIPES / "mopd.yaml", [f"paths.root={tmp_path}"]))
+    argv = command.train_args
+    path = Path(argv[argv.index("--eval-config") + 1])
+    assert "--eval-prompt-data" not in argv and "--n-samples-per-eval-prompt" not in argv
+    command.write_custom_config()
+    written = {d["name"]: d for d in yaml.safe_load(path.read_text())["eval"]["datasets"]}
+    math = written["math-aime2024"]
+    assert (math["n_samples_per_eval_prompt"], math["temperature"], math["max_response_len"]) == (4, 0.6, 8192)
+    assert (written["search-nq"]["temperature"], written["search-nq"]["max_response_len"]) == (1.0, 4096)
+    assert (written["tau-retail"]["temperature"], written["tau-retail"]["max_response_len"]) == (0.7, 2048)
+    assert {d["metadata_overrides"]["env"] for d in written.values()} == {"math", "search", "retail"}
