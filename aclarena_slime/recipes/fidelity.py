@@ -41,7 +41,7 @@ DATA = REPO_ROOT / "recipes" / "fidelity" / "authors.yaml"
 TABLE = REPO_ROOT / "recipes" / "FIDELITY.md"
 ROOT = "/ROOT"  # paths.root of the compiled recipes; shown as ${root}
 ROW_FIELDS = {"setting", "key", "authors", "source", "reason", "equivalent"}
-SHOWN_CHARS = 90  # a longer value (a prompt text) is cut in the table
+SHOWN_CHARS = 90  # a longer value of ours (a prompt text read from the code) is cut in the table
 
 
 class FidelityError(ValueError):
@@ -156,7 +156,7 @@ def _dig(mapping: Mapping[str, Any], dotted: str) -> Any:
     return value
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, cut: bool = False) -> str:
     if value is None:
         return "—"
     if value is True:
@@ -166,7 +166,7 @@ def _show(value: Any) -> str:
     if isinstance(value, list | tuple):
         return " ".join(_show(v) for v in value)
     text = str(value).replace(ROOT, "${root}")
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+    return text if not cut or len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def agree(ours: Any, theirs: Any) -> bool:
@@ -231,7 +231,7 @@ def render(rows: list[Row], data: Mapping[str, Any] | None = None) -> str:
             verdict = {"same": "same", "unexplained": "**UNEXPLAINED**"}.get(row.status, row.reason or row.status)
             if row.status == "equivalent":
                 verdict = "equivalent" + (f": {row.reason}" if row.reason else "")
-            cells = [row.setting, f"`{_show(row.authors)}`", row.source, f"`{_show(row.ours)}`", verdict]
+            cells = [row.setting, f"`{_show(row.authors)}`", row.source, f"`{_show(row.ours, cut=True)}`", verdict]
             lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
