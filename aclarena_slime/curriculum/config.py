@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from aclarena_slime.curriculum.distill_step import DistillStep
 from aclarena_slime.curriculum.monitor import MonitorError, MonitorSettings
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.recipes.compose import RecipeError
@@ -22,6 +23,7 @@ class StageEntry:
     start: str = "previous"  # previous | recipe | the name of an earlier stage
     expert: str | None = None  # env tag this stage's adapter serves (MLE experts)
     overrides: list[str] = field(default_factory=list)
+    distill: DistillStep | None = None  # train on a mixture of earlier stages' rollout dumps (distill_step.py)
 
 
 @dataclass
@@ -99,6 +101,11 @@ def check(config: CurriculumConfig, source: str) -> None:
             raise RecipeError(
                 f"{source}: stage {stage.name!r} starts from {stage.start!r}, which is neither "
                 f"{' nor '.join(STARTS)} nor an earlier stage"
+            )
+        unseen = set(stage.distill.dumps.values()) - seen if stage.distill is not None else set()
+        if unseen:
+            raise RecipeError(
+                f"{source}: stage {stage.name!r} distills the dumps of {sorted(unseen)}: not earlier stages"
             )
         if stage.start == "previous" and number == 1:
             stage.start = "recipe"  # the first stage starts where its recipe says

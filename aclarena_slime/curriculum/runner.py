@@ -27,6 +27,7 @@ from aclarena_slime.curriculum.config import (
     recipe_path,
 )
 from aclarena_slime.curriculum.cost import stage_cost
+from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.replay import attach_replay
 from aclarena_slime.evaluation.monitor import attach_monitor
@@ -115,6 +116,7 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         *lineage_overrides(source),
         *normalise_overrides(list(entry.overrides)),
         *anchor_overrides(config.kl_anchor, source),
+        *distill_overrides(config.output_dir, entry.name, entry.distill),
         f"name={entry.name}",
     ]
     recipe = load_recipe(path, overrides)
@@ -187,6 +189,7 @@ def run_curriculum(
             ref_load=recipe.checkpoint.ref_load if recipe.algorithm.use_kl_loss else None,
             status=RUNNING, started_at=time.time(), resumed_adapter_iteration=resumed,
         )  # fmt: skip
+        _distill(entry, recipe, manifest, out)
         result = runner(recipe)
         if result.status != 0:
             manifest.update_stage(
@@ -200,7 +203,7 @@ def run_curriculum(
             entry.name, status=DONE, backend=result.backend, checkpoint=result.checkpoint,
             hf_checkpoint=result.hf_checkpoint, adapter=result.adapter, metrics=_small(result.metrics),
             monitor=(result.metrics or {}).get("monitor"), cost=stage_cost(recipe, result.metrics),
-            finished_at=time.time(),
+            finished_at=time.time(), dumps=dump_dir(recipe),
         )  # fmt: skip
         if entry.expert:
             if not result.adapter:
@@ -215,6 +218,19 @@ def run_curriculum(
         _evaluate(manifest, evaluator, entry.name, out, bool(config.evaluation.command))
         previous = entry.name
     return manifest
+
+
+def _distill(entry: StageEntry, recipe: StageRecipe, manifest: Manifest, out: Path) -> None:
+    """The stage's training data from earlier stages' rollout dumps (``distill`` in its entry), made now."""
+    if entry.distill is None:
+        return
+    stages = {name: manifest.stage(name) or {} for name in entry.distill.dumps.values()}
+    try:
+        made = make_stage_data(entry.distill, recipe, stages, data_path(out, entry.name))
+    except ValueError as exc:
+        manifest.update_stage(entry.name, status=FAILED, message=str(exc))
+        raise CurriculumFailed(f"stage {entry.name}: {exc}") from exc
+    manifest.update_stage(entry.name, data=made)
 
 
 def _evaluate(manifest: Manifest, evaluator: Evaluator, stage: str, out: Path, has_command: bool) -> None:

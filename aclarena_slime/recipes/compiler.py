@@ -49,6 +49,7 @@ class SlimeCommand:
     runtime_env: dict[str, Any]
     train_script: str
     services: dict[str, Any] = field(default_factory=dict)  # name -> ServiceConfig
+    eval_config: dict[str, Any] | None = None  # slime's --eval-config, from the recipe's extra.eval_suite
 
     def argv(self) -> list[str]:
         return ["python3", self.train_script, *self.train_args]
@@ -69,6 +70,9 @@ class SlimeCommand:
         tmp = self.custom_config_path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(self.custom_config, sort_keys=False), encoding="utf-8")
         tmp.replace(self.custom_config_path)
+        if self.eval_config is not None:  # beside it, where --eval-config points
+            eval_path = self.custom_config_path.parent / EVAL_CONFIG_NAME
+            eval_path.write_text(yaml.safe_dump(self.eval_config, sort_keys=False), encoding="utf-8")
         return self.custom_config_path
 
 
@@ -140,7 +144,8 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     for key, value in cluster.sglang.items():
         flags.add("--sglang-" + key.replace("_", "-"), value, f"cluster.sglang.{key}")
     flags.add_section(dataclasses.asdict(recipe.plugins), "plugins")
-    flags.add_section(recipe.extra, "extra")
+    eval_config = _eval_suite(recipe, flags)
+    flags.add_section({k: v for k, v in recipe.extra.items() if k != EVAL_SUITE}, "extra")
     lora = _lora_settings(recipe, flags)  # after every other flag: it refuses some of them
     custom_path = Path(recipe.run_dir) / CUSTOM_CONFIG_NAME
     flags.add("custom_config_path", str(custom_path), "compiler")
@@ -164,7 +169,30 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         runtime_env=runtime_env(recipe),
         train_script=f"{recipe.paths.slime}/train.py",
         services=dict(recipe.services),
+        eval_config=eval_config,
     )
+
+
+EVAL_SUITE = "eval_suite"  # extra.eval_suite: an eval suite under recipes/ (e.g. eval/mopd.yaml)
+EVAL_CONFIG_NAME = "eval_config.yaml"
+
+
+def _eval_suite(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
+    """slime's ``--eval-config`` for ``extra.eval_suite``: per-dataset samples, temperature and length
+    (what the single --eval-* flags cannot say), written beside the custom config."""
+    name = recipe.extra.get(EVAL_SUITE)
+    if name is None:
+        return None
+    from aclarena_slime.evaluation import SuiteError, load_suite, slime_eval_config
+
+    if recipe.data.eval_prompt_data:
+        raise RecipeError("extra.eval_suite replaces data.eval_prompt_data; set one of them")
+    try:
+        config = slime_eval_config(load_suite(REPO_ROOT / "recipes" / str(name)), recipe.paths.data)
+    except (OSError, SuiteError) as exc:
+        raise RecipeError(f"extra.eval_suite {name!r}: {exc}") from exc
+    flags.add("eval_config", str(Path(recipe.run_dir) / EVAL_CONFIG_NAME), "extra.eval_suite")
+    return config
 
 
 # SFT (the SDFT backbone) has no policy-gradient settings; only the optimiser's carry over.

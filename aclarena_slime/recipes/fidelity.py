@@ -12,14 +12,21 @@ say why we differ. Regenerate ``recipes/FIDELITY.md`` with::
 Keys of a row name where our value is read: ``--flag`` (the compiled command line; a switch is ``true``,
 a flag not passed is ``null``), ``custom.a.b`` (the custom config slime sets on ``args``),
 ``env.TAG.key`` (an env's settings), ``tis.key`` (the mismatch correction's settings when ``--use-tis``
-is on, else ``null``), ``recipe.a.b`` (the composed recipe).
+is on, else ``null``), ``recipe.a.b`` (the composed recipe), ``eval.DATASET.key`` (a dataset of the
+compiled ``--eval-config``), ``code.module:NAME`` (a constant of our code, for behaviour no setting
+holds: a prompt text). A run with ``suite:`` instead of ``recipe:`` is an evaluation suite; its keys are
+``suite.DATASET.field`` (``suite.aime26.env_config.prompt``).
+
+Only *same* counts as the authors' way: an *equivalent* row is a stand-in of ours for the same thing (a
+path, a plugin), and a substitution that changes what is trained or measured is a difference with a
+reason. The table opens with the counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,7 @@ DATA = REPO_ROOT / "recipes" / "fidelity" / "authors.yaml"
 TABLE = REPO_ROOT / "recipes" / "FIDELITY.md"
 ROOT = "/ROOT"  # paths.root of the compiled recipes; shown as ${root}
 ROW_FIELDS = {"setting", "key", "authors", "source", "reason", "equivalent"}
+SHOWN_CHARS = 90  # a longer value of ours (a prompt text read from the code) is cut in the table
 
 
 class FidelityError(ValueError):
@@ -74,6 +82,24 @@ def run_rows(data: Mapping[str, Any], run: str) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+def suite_datasets(suite_file: str) -> dict[str, Any]:
+    """The datasets of an eval suite under recipes/, by name (services left unset)."""
+    from aclarena_slime.evaluation import load_suite
+
+    return {d.name: d for d in load_suite(REPO_ROOT / "recipes" / suite_file).datasets}
+
+
+def suite_value(key: str, datasets: Mapping[str, Any]) -> Any:
+    """Our value of a ``suite.DATASET.field[.key...]`` row."""
+    head, _, rest = key.partition(".")
+    name, _, dotted = rest.partition(".")
+    if head != "suite" or name not in datasets or not dotted:
+        raise FidelityError(f"key {key!r}: expected suite.DATASET.field with DATASET one of {sorted(datasets)}")
+    field, _, inner = dotted.partition(".")
+    value = getattr(datasets[name], field)
+    return _dig(value, inner) if inner else value
+
+
 def compiled(recipe_file: str) -> tuple[StageRecipe, SlimeCommand]:
     recipe = load_recipe(REPO_ROOT / "recipes" / recipe_file, [f"paths.root={ROOT}"])
     return recipe, compile_recipe(recipe)
@@ -104,12 +130,21 @@ def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
         from aclarena_slime.slime_edge import custom  # what the TIS hook reads from slime's args
 
         return getattr(custom.tis(SimpleNamespace(**command.custom_config)), rest)
+    if head == "eval":
+        name, _, field = rest.partition(".")
+        entries = {d["name"]: d for d in (command.eval_config or {}).get("eval", {}).get("datasets", [])}
+        return entries.get(name, {}).get(field)
+    if head == "code":
+        import importlib
+
+        module, _, name = rest.partition(":")
+        return getattr(importlib.import_module(module), name)
     if head == "recipe":
         value: Any = recipe
         for part in rest.split("."):
             value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
         return value
-    raise FidelityError(f"key {key!r}: starts with --, custom., env., tis. or recipe.")
+    raise FidelityError(f"key {key!r}: starts with --, custom., env., tis., recipe., eval. or code.")
 
 
 def _dig(mapping: Mapping[str, Any], dotted: str) -> Any:
@@ -121,7 +156,7 @@ def _dig(mapping: Mapping[str, Any], dotted: str) -> Any:
     return value
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, cut: bool = False) -> str:
     if value is None:
         return "—"
     if value is True:
@@ -130,7 +165,8 @@ def _show(value: Any) -> str:
         return "off"
     if isinstance(value, list | tuple):
         return " ".join(_show(v) for v in value)
-    return str(value).replace(ROOT, "${root}")
+    text = str(value).replace(ROOT, "${root}")
+    return text if not cut or len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def agree(ours: Any, theirs: Any) -> bool:
@@ -145,13 +181,22 @@ def agree(ours: Any, theirs: Any) -> bool:
         return _show(ours) == _show(theirs)
 
 
+def _reader(spec: Mapping[str, Any]) -> Callable[[str], Any]:
+    """Our value of a key in one run: a compiled recipe, or an eval suite (``suite:``)."""
+    if "suite" in spec:
+        datasets = suite_datasets(spec["suite"])
+        return lambda key: suite_value(key, datasets)
+    recipe, command = compiled(spec["recipe"])
+    return lambda key: our_value(key, recipe, command)
+
+
 def table(data: Mapping[str, Any] | None = None) -> list[Row]:
     data = data if data is not None else load_data()
     out: list[Row] = []
     for run, spec in data["runs"].items():
-        recipe, command = compiled(spec["recipe"])
+        value = _reader(spec)
         for row in run_rows(data, run):
-            ours = our_value(row["key"], recipe, command)
+            ours = value(row["key"])
             if agree(ours, row["authors"]):
                 status, why = "same", ""
             elif "equivalent" in row and agree(ours, row["equivalent"]):
@@ -174,9 +219,11 @@ def render(rows: list[Row], data: Mapping[str, Any] | None = None) -> str:
         "`tests/recipes/test_fidelity.py` fails when a difference has no reason or this file is stale.",
         "Do not edit by hand. `${root}` is `paths.root`; — means not set.",
         "",
+        counts(rows),
+        "",
     ]
     for run, spec in data["runs"].items():
-        lines += [f"## {run} — `recipes/{spec['recipe']}`", ""]
+        lines += [f"## {run} — `recipes/{spec.get('recipe') or spec['suite']}`", ""]
         if spec.get("about"):
             lines += [str(spec["about"]).strip(), ""]
         lines += ["| setting | authors | source | ours | |", "|---|---|---|---|---|"]
@@ -184,14 +231,28 @@ def render(rows: list[Row], data: Mapping[str, Any] | None = None) -> str:
             verdict = {"same": "same", "unexplained": "**UNEXPLAINED**"}.get(row.status, row.reason or row.status)
             if row.status == "equivalent":
                 verdict = "equivalent" + (f": {row.reason}" if row.reason else "")
-            cells = [row.setting, f"`{_show(row.authors)}`", row.source, f"`{_show(row.ours)}`", verdict]
+            cells = [row.setting, f"`{_show(row.authors)}`", row.source, f"`{_show(row.ours, cut=True)}`", verdict]
             lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
+def counts(rows: list[Row]) -> str:
+    """The table's totals: only *same* is the authors' way; *equivalent* is a stand-in for the same thing."""
+    total = {
+        status: sum(r.status == status for r in rows) for status in ("same", "equivalent", "differs", "unexplained")
+    }
+    return (
+        f"**{len(rows)} rows over {len({r.run for r in rows})} runs: {total['same']} same, "
+        f"{total['equivalent']} equivalent (our path or plugin for theirs), {total['differs']} differ "
+        f"(each with its reason), {total['unexplained']} unexplained.**"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aclarena_slime.recipes.fidelity", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m aclarena_slime.recipes.fidelity", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--check", action="store_true", help="write nothing; fail on unexplained rows or a stale table")
     args = parser.parse_args(argv)
     rows = table()

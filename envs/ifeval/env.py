@@ -4,10 +4,13 @@ Reward range: [0, 1]. By default 1 when every instruction of the prompt is follo
 (IFEval's prompt level); ``level: instruction`` gives the fraction followed instead. ``mode`` picks
 strict (the response as written) or loose (IFEval's relaxed reading). The breakdown always carries
 all four IFEval numbers and a verdict per instruction, so evaluation needs no second pass. Thinking
-(``<think>…</think>``) is removed before checking.
+(``<think>…</think>``) is removed before checking unless ``thinking: keep``, the authors' rule: their
+``rm_type ifbench`` hands the raw response to the strict checker (WillDreamer/ACLArena
+``slime/slime/rollout/rm_hub/ifbench.py`` lines 168-170), so a comma in the thinking breaks
+``punctuation:no_comma``.
 
 Config (recipe ``aclarena_env_config.ifeval``): ``level`` (``prompt`` | ``instruction``),
-``mode`` (``strict`` | ``loose``), ``max_response_chars`` (20000: a longer answer follows no
+``mode`` (``strict`` | ``loose``), ``thinking`` (``strip`` | ``keep``), ``max_response_chars`` (20000: a longer answer follows no
 instruction, reward 0, ``too_long`` in the breakdown), ``score_timeout_s`` (60).
 
 Scoring runs in one worker thread per environment, off the event loop: sentence splitting (Punkt) costs
@@ -33,11 +36,14 @@ from aclarena_envs.ifeval.reward import LEVELS, MODES, Label, Verdicts, judge, s
 from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Score, Task
 from aclarena_slime.plugin.settings import from_mapping
 
+THINKING = ("strip", "keep")  # keep: check the raw response, thinking included (the authors')
+
 
 @dataclass(frozen=True)
 class IFEvalConfig:
     level: str = "prompt"
     mode: str = "strict"
+    thinking: str = "strip"
     max_response_chars: int = 20_000
     score_timeout_s: float = 60.0
 
@@ -49,6 +55,8 @@ class IFEvalConfig:
             raise ValueError(f"ifeval: level must be one of {list(LEVELS)}, got {cfg.level!r}")
         if cfg.mode not in MODES:
             raise ValueError(f"ifeval: mode must be one of {list(MODES)}, got {cfg.mode!r}")
+        if cfg.thinking not in THINKING:
+            raise ValueError(f"ifeval: thinking must be one of {list(THINKING)}, got {cfg.thinking!r}")
         chars, timeout = cfg.max_response_chars, cfg.score_timeout_s
         if isinstance(chars, bool) or not isinstance(chars, int) or chars < 1:
             raise ValueError(f"ifeval: max_response_chars must be a positive integer, got {chars!r}")
@@ -68,8 +76,8 @@ class IFEvalEpisode(Episode):
         return Done("answered")
 
     async def score(self) -> Score:
-        answer, had_thinking = strip_thinking(self.response)
         cfg = self.env.cfg
+        answer, had_thinking = strip_thinking(self.response) if cfg.thinking == "strip" else (self.response, False)
         base = {"level": self.level, "mode": self.mode, "thinking_removed": had_thinking}
         if len(answer) > cfg.max_response_chars:
             return Score(0.0, {**base, "too_long": len(answer), **_nothing_followed(self.label)})

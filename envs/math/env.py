@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from aclarena_envs.math import routing
+from aclarena_envs.math import deepscaler, routing
 from aclarena_envs.math.answer import AnswerRule, UnclosedThink, final_answer
 from aclarena_envs.math.exact import decide
 from aclarena_envs.math.lane import Lane
@@ -41,7 +41,10 @@ class MathConfig:
     ``prompt``: ``instruction`` appends ``instruction`` to a bare problem (null: leave it alone);
     ``dapo`` wraps it in DAPO-Math-17k's wording, as the authors train. ``answer_rule`` and
     ``unclosed_think``: which ``\\boxed{}`` is the final answer (``answer.py``; the authors':
-    ``last`` and ``whole_response``). ``timeout_s``: the hard limit on one math-verify check;
+    ``last`` and ``whole_response``). ``grader``: how an answer is compared with the gold one,
+    ``math_verify`` (the exact fast path, then math-verify) or ``deepscaler`` (the authors' --rm-type
+    deepscaler rule, ``deepscaler.py``: stricter on unreduced fractions and unevaluated sums, lenient on
+    ``\\%``). ``timeout_s``: the hard limit on one math-verify check;
     ``workers``: verifier processes. Caps on what a policy can make the env do: only the last
     ``window_chars`` of a response are searched for the answer, and an answer longer than
     ``max_answer_chars`` scores 0 unchecked.
@@ -51,6 +54,7 @@ class MathConfig:
     instruction: str | None = DEFAULT_INSTRUCTION
     answer_rule: AnswerRule = "last_closed"
     unclosed_think: UnclosedThink = "no_answer"
+    grader: Literal["math_verify", "deepscaler"] = "math_verify"
     timeout_s: float = 5.0
     workers: int = 2
     window_chars: int = 100_000
@@ -61,6 +65,7 @@ class MathConfig:
             ("prompt", ("instruction", "dapo")),
             ("answer_rule", ("last_closed", "last")),
             ("unclosed_think", ("no_answer", "whole_response")),
+            ("grader", ("math_verify", "deepscaler")),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"math env: {name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
@@ -93,7 +98,7 @@ class MathEpisode(Episode):
         outcome = await self.lane.run(lambda: self._grade_here(gold))
         if isinstance(outcome, Score):
             return outcome
-        verdict = await self.pool.check(gold, outcome)
+        verdict = await self.pool.check(gold, outcome, self.settings.grader)
         return self._score(gold, outcome, verdict)
 
     def _grade_here(self, gold: str) -> Score | str:
@@ -105,6 +110,9 @@ class MathEpisode(Episode):
         if len(answer) > rules.max_answer_chars:
             shown = answer[:100] + "..."
             return Score(0.0, {"gold": gold, "answer": shown, "method": "too_long", "detail": f"{len(answer)} chars"})
+        if rules.grader == "deepscaler":
+            correct = deepscaler.decide(answer, gold)
+            return answer if correct is None else self._score(gold, answer, Verdict(correct, "deepscaler"))
         decided = decide(gold, answer)
         return answer if decided is None else self._score(gold, answer, Verdict(*decided))
 

@@ -28,21 +28,26 @@ TIMED_OUT = "timed out"
 @dataclass(frozen=True)
 class Verdict:
     correct: bool
-    method: str  # "integer" | "exact" | "math_verify" | "timeout" | "error"
+    method: str  # "integer" | "exact" | "math_verify" | "deepscaler" | "timeout" | "error"
     detail: str = ""
 
 
 def _worker_main(conn: Connection, soft_timeout_s: int) -> None:
     from math_verify import parse, verify
 
+    from aclarena_envs.math import deepscaler
+
     conn.send("ready")
     while True:
         try:
-            gold, pred = conn.recv()
+            gold, pred, grader = conn.recv()
         except EOFError:
             return
         start = time.monotonic()
         try:
+            if grader == "deepscaler":
+                conn.send((deepscaler.grade_blocking(pred, gold), ""))
+                continue
             gold_parsed = parse(f"${gold}$", parsing_timeout=soft_timeout_s)
             pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=soft_timeout_s)
             ok = bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=soft_timeout_s))
@@ -83,7 +88,7 @@ class VerifierPool:
     def __init__(self, workers: int = 2, timeout_s: float = 5.0, cache_size: int = 65536) -> None:
         if workers < 1:
             raise ValueError("a verifier pool needs at least one worker")
-        self._cache: OrderedDict[tuple[str, str], Verdict] = OrderedDict()  # math-verify's verdicts only
+        self._cache: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()  # graders' verdicts only
         self._cache_size = cache_size
         self.timeout_s = timeout_s
         self._soft_timeout = max(1, int(timeout_s) - 1)
@@ -108,13 +113,16 @@ class VerifierPool:
                 self._threads = ThreadPoolExecutor(max_workers=self._size, thread_name_prefix="math-verify")
             return self._threads
 
-    def check_blocking(self, gold: str, pred: str, startup_timeout_s: float = 120.0) -> Verdict:
+    def check_blocking(
+        self, gold: str, pred: str, startup_timeout_s: float = 120.0, grader: str = "math_verify"
+    ) -> Verdict:
+        """One check by ``grader``: ``math_verify``, or ``deepscaler`` (the authors' rule, deepscaler.py)."""
         self._start()
         worker = self._idle.get()
         try:
             if not worker.wait_ready(startup_timeout_s):
                 raise OSError(f"verifier process did not start within {startup_timeout_s:g}s")
-            worker.conn.send((gold, pred))
+            worker.conn.send((gold, pred, grader))
             if not worker.conn.poll(self.timeout_s):
                 worker.kill()
                 worker = _Worker(self._soft_timeout)
@@ -122,7 +130,7 @@ class VerifierPool:
             ok, error = worker.conn.recv()
             if error == TIMED_OUT:
                 return Verdict(False, "timeout", f"math-verify gave up after {self._soft_timeout}s")
-            return Verdict(ok, "error" if error else "math_verify", error)
+            return Verdict(ok, "error" if error else grader, error)
         except (EOFError, OSError, BrokenPipeError) as exc:
             worker.kill()
             worker = _Worker(self._soft_timeout)
@@ -130,16 +138,17 @@ class VerifierPool:
         finally:
             self._idle.put(worker)
 
-    async def check(self, gold: str, pred: str) -> Verdict:
+    async def check(self, gold: str, pred: str, grader: str = "math_verify") -> Verdict:
         """Never blocks the event loop: the wait happens on one of the pool's threads. A timeout or a
         dead worker is not remembered (it may be the machine's load, not the answer)."""
-        key = (gold, pred)
+        key = (gold, pred, grader)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
-        verdict = await asyncio.get_running_loop().run_in_executor(self._executor(), self.check_blocking, gold, pred)
-        if verdict.method == "math_verify" and self._cache_size > 0:
+        loop = asyncio.get_running_loop()
+        verdict = await loop.run_in_executor(self._executor(), self.check_blocking, gold, pred, 120.0, grader)
+        if verdict.method == grader and self._cache_size > 0:
             self._cache[key] = verdict
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)

@@ -24,6 +24,8 @@ Config (recipe ``aclarena_env_config.retail``)::
     shaping: null                   # or {} / {truncated: -0.2, ...}: the authors' shaped reward (shaping.py)
     max_turn_chars: 65536           # a longer model turn is not read: an error answer, nothing runs or is sent
     max_tool_calls: 16              # calls run per turn; the rest get one error answer
+    first_call_only: false          # true: only a turn's first call runs, the rest are dropped unanswered
+                                    # (the authors' agent, tau-bench/trainable_agents.py:117-131)
     max_error_chars: 1000           # a refusal's text (which may echo the model's arguments) is cut here
 """
 
@@ -48,7 +50,17 @@ from aclarena_envs.retail.user_sim import (
     scenario_text,
     stop_reason,
 )
-from aclarena_slime.plugin.contract import Conversation, Done, Environment, Episode, Message, Observation, Score, Task
+from aclarena_slime.plugin.contract import (
+    Conversation,
+    Done,
+    Environment,
+    Episode,
+    EpisodeAborted,
+    Message,
+    Observation,
+    Score,
+    Task,
+)
 
 AGENT_INSTRUCTION = """You are a customer service agent of an online retail store. Help the customer as the <policy> below allows.
 Each turn, either write a message to the customer or call tools, never both.
@@ -63,6 +75,7 @@ CONFIG_KEYS = {
     "max_tool_calls",
     "max_error_chars",
     "shaping",
+    "first_call_only",
 }
 # Caps on what one model turn can cost or make the env echo (hitting one is an answer, never an error).
 CAPS = {"max_turn_chars": 65_536, "max_tool_calls": 16, "max_error_chars": 1_000}
@@ -87,6 +100,7 @@ class RetailEpisode(Episode):
         self.ended = stop_reason(first_message)
         self.aborted = False  # the agent wrote a turn that cannot be read (shaping only)
         self.bad_turns = 0  # turns that break the authors' format rule
+        self.user_failed = False  # the simulator failed and shaping scores that (shaping.user_failure)
         self.conversation = Conversation(
             [{"role": "system", "content": system_prompt(env.data.policy)}, {"role": "user", "content": first_message}],
             tools=tool_schemas(),
@@ -106,6 +120,8 @@ class RetailEpisode(Episode):
             return Done("malformed_turn")
         if turn.content:
             self.agent_messages.append(turn.content)
+        if turn.calls and self.env.first_call_only:
+            return Observation([self._answer(turn.calls[0])])
         if turn.calls:
             answers = [self._answer(call) for call in turn.calls[: caps["max_tool_calls"]]]
             if len(turn.calls) > caps["max_tool_calls"]:
@@ -114,7 +130,13 @@ class RetailEpisode(Episode):
                     _error(f"at most {caps['max_tool_calls']} tool calls per turn; {skipped} more were not run.")
                 )
             return Observation(answers)
-        reply = await self.user.reply(turn.content)
+        try:
+            reply = await self.user.reply(turn.content)
+        except EpisodeAborted:
+            if self.env.shaping is None or self.env.shaping.user_failure is None:
+                raise  # the sample is dropped (an outside service failed)
+            self.user_failed = True
+            return Done("user_failure")
         self.ended = stop_reason(reply)
         if self.ended:
             return Done(self.ended)
@@ -137,6 +159,9 @@ class RetailEpisode(Episode):
         score.breakdown["end"] = "malformed_turn" if self.aborted else self.ended or "turn_limit"
         if self.env.shaping is None:
             return score
+        if self.user_failed and self.env.shaping.user_failure is not None:
+            score.breakdown["end"] = "user_failure"
+            return Score(self.env.shaping.user_failure, {**score.breakdown, "task_reward": score.reward})
         truncated = not self.ended  # neither the customer nor a broken turn ended it: turn limit or budget
         return self.env.shaping.shape(score, aborted=self.aborted, truncated=truncated, bad_turns=self.bad_turns)
 
@@ -174,6 +199,9 @@ class RetailEnvironment(Environment):
         if self.max_turns < 1:
             raise ValueError("retail env: max_turns must be at least 1")
         self.parser = ToolCallParser.from_config(self.config.get("tool_call_format"))
+        self.first_call_only = self.config.get("first_call_only", False)
+        if not isinstance(self.first_call_only, bool):
+            raise ValueError(f"retail env: first_call_only must be true or false, got {self.first_call_only!r}")
         self.shaping = RetailShaping.from_config(self.config.get("shaping"))
         if self.shaping is not None:
             self.reward_range = self.shaping.reward_range  # type: ignore[misc] - this instance's reward
@@ -192,7 +220,14 @@ class RetailEnvironment(Environment):
         if record.get("initial_state"):
             raise ValueError(f"retail task {record['id']}: tasks with an initial_state are not supported")
         session = self.user.session(scenario_text(record.get("user_scenario") or {}))
-        first = await session.reply(AGENT_GREETING)
+        try:
+            first = await session.reply(AGENT_GREETING)
+        except EpisodeAborted:
+            if self.shaping is None or self.shaping.user_failure is None:
+                raise
+            episode = RetailEpisode(self, record, session, "")
+            episode.user_failed, episode.ended = True, "user_failure"
+            return episode
         return RetailEpisode(self, record, session, first)
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:

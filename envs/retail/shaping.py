@@ -12,8 +12,9 @@ Facts from WillDreamer/ACLArena ``slime/examples/tau-bench/`` (the generate of `
 A turn is well formed when it is ``[<think>...</think>]<tool_call>...</tool_call>`` (one call) or
 ``[<think>...</think>]`` plain text without chat or tool markup (``trainable_agents.py:19-39, 62-82``).
 
-One deliberate difference: a failing user simulator still aborts the sample as an outside-service
-failure (never trained on), where the authors score it -0.3.
+A failing user simulator: the authors score the sample as aborted, -0.3 (``generate_with_tau.py:205-221``:
+"unparseable tool_call, or a user-sim error"); ``user_failure: -0.3`` does that. With ``user_failure:
+null`` (the default) the sample is dropped instead, as an outside-service failure never trained on.
 """
 
 from __future__ import annotations
@@ -47,10 +48,13 @@ class RetailShaping:
     failure_format_penalty: float = 0.0
     truncated: float = -0.2
     aborted: float = -0.3
+    user_failure: float | None = None  # None: the sample is dropped; a number: its score (the authors' -0.3)
 
     def __post_init__(self) -> None:
-        for name in ("success_format_penalty", "failure_format_penalty", "truncated", "aborted"):
+        for name in ("success_format_penalty", "failure_format_penalty", "truncated", "aborted", "user_failure"):
             value = getattr(self, name)
+            if name == "user_failure" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 1:
                 raise ValueError(f"retail env: shaping.{name} must be a number in [-1, 1], got {value!r}")
 
@@ -65,7 +69,10 @@ class RetailShaping:
 
     @property
     def reward_range(self) -> tuple[float, float]:
-        low = min(0.0, self.truncated, self.aborted, -self.failure_format_penalty, 1.0 - self.success_format_penalty)
+        failure = self.user_failure if self.user_failure is not None else 0.0
+        low = min(
+            0.0, self.truncated, self.aborted, failure, -self.failure_format_penalty, 1.0 - self.success_format_penalty
+        )
         return low, 1.0
 
     def shape(self, score: Score, *, aborted: bool, truncated: bool, bad_turns: int) -> Score:

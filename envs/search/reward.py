@@ -13,7 +13,9 @@ import string
 from collections import Counter
 from collections.abc import Iterable
 
-REWARDS = ("em", "f1", "shaped")  # shaped: the authors' table, shaped_reward.py (tool_call protocol)
+# shaped: the authors' table as documented; shaped_effective: as their code computes it (shaped_reward.py,
+# tool_call protocol)
+REWARDS = ("em", "f1", "shaped", "shaped_effective")
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)

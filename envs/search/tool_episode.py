@@ -2,7 +2,9 @@
 
 The model's turns and the tool responses it saw are kept as one text, in the order the chat template
 renders them, so the authors' format rule (:func:`.tool_protocol.well_formed`) reads what their
-scorer read. Rewards: ``em`` / ``f1`` as in the tag protocol, or ``shaped`` (:mod:`.shaped_reward`).
+scorer read. Rewards: ``em`` / ``f1`` as in the tag protocol, ``shaped`` (the authors' documented table)
+or ``shaped_effective`` (the table as their code computes it, :mod:`.shaped_reward`; an empty query is
+then searched as theirs is, where otherwise it gets a notice and does not count).
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from aclarena_slime.plugin.contract import Conversation, Done, Episode, EpisodeA
 from .protocol import INSTRUCTION, make_prompt
 from .retriever import RetrieverError
 from .reward import exact_match, f1, trajectory_reward
-from .shaped_reward import SHAPED_RANGE, ShapedInputs, retrieval_correct, shaped_reward
+from .shaped_reward import (
+    SHAPED_RANGE,
+    ShapedInputs,
+    authors_answer,
+    effective_reward,
+    retrieval_correct,
+    shaped_reward,
+)
 from .tool_protocol import (
     RESPONSE_CLOSE,
     RESPONSE_OPEN,
@@ -30,6 +39,7 @@ if TYPE_CHECKING:
     from .env import SearchConfig, SearchEnvironment
 
 PROTOCOLS = ("search_r1", "tool_call")
+SHAPED = ("shaped", "shaped_effective")
 NO_PASSAGE = "No passage matched the query. Try different words."
 
 
@@ -37,14 +47,14 @@ def check_protocol(cfg: SearchConfig) -> None:
     """Raises ValueError for a protocol we do not speak or a reward the protocol cannot give."""
     if cfg.protocol not in PROTOCOLS:
         raise ValueError(f"search env: protocol must be one of {PROTOCOLS}, got {cfg.protocol!r}")
-    if cfg.reward == "shaped" and cfg.protocol != "tool_call":
-        raise ValueError("search env: reward 'shaped' is the authors' tool-call reward; set protocol: tool_call")
+    if cfg.reward in SHAPED and cfg.protocol != "tool_call":
+        raise ValueError(f"search env: reward {cfg.reward!r} is the authors' tool-call reward; set protocol: tool_call")
 
 
 def protocol_settings(cfg: SearchConfig) -> tuple[tuple[str, ...] | None, tuple[float, float] | None]:
     """The stop strings and reward range the protocol and reward need (None: the env's defaults)."""
     stop = TOOL_STOP_STRINGS if cfg.protocol == "tool_call" else None
-    return stop, (SHAPED_RANGE if cfg.reward == "shaped" else None)
+    return stop, (SHAPED_RANGE if cfg.reward in SHAPED else None)
 
 
 def tool_instruction(cfg: SearchConfig) -> str:
@@ -62,6 +72,7 @@ class ToolSearchEpisode(Episode):
         else:
             messages = [{"role": "user", "content": make_prompt(str(task.prompt), tool_instruction(env.cfg))}]
         self.conversation = Conversation(messages, tools=[SEARCH_TOOL])
+        self.prompt_text = "".join(str(m.get("content") or "") for m in messages)  # what their scorer also reads
         self.turns = 0
         self.searches = 0  # searches run against the retriever
         self.tool_calls = 0  # searches that returned passages (the authors' "executed tool call")
@@ -91,7 +102,7 @@ class ToolSearchEpisode(Episode):
 
     async def _search(self, query: str) -> str:
         cfg = self.env.cfg
-        if not query:
+        if not query and cfg.reward != "shaped_effective":
             return "The search query was empty. Call search with a few keywords."
         if len(query) > cfg.max_query_chars:
             return f"The search query was {len(query)} characters long; the limit is {cfg.max_query_chars}."
@@ -115,6 +126,10 @@ class ToolSearchEpisode(Episode):
         hit = executed and retrieval_correct(self.responses, self.golds)
         if cfg.reward == "shaped":
             reward = shaped_reward(ShapedInputs(answer, self.golds, formed, executed, self.responses))
+        elif cfg.reward == "shaped_effective":
+            effective = authors_answer(self.prompt_text + "".join(self.trajectory))
+            inputs = ShapedInputs(effective, self.golds, formed, executed, self.responses)
+            reward = effective_reward(inputs, truncated=self.end != "answer")
         else:
             reward = trajectory_reward(em if cfg.reward == "em" else f1_value, formed, cfg.format_score)
         breakdown: dict[str, Any] = {

@@ -27,7 +27,7 @@ def test_search_recipes_use_the_tool_protocol_shaped_reward_no_tool_filter_and_e
         command = compiled(name, tmp_path)
         search = command.custom_config["aclarena_env_config"]["search"]
         cfg = SearchConfig.from_mapping(search)  # the env accepts what the recipe sends
-        assert (cfg.protocol, cfg.reward, cfg.topk, cfg.max_turns) == ("tool_call", "shaped", 3, 5)
+        assert (cfg.protocol, cfg.reward, cfg.topk, cfg.max_turns) == ("tool_call", "shaped_effective", 3, 5)
         argv = command.train_args
         assert flag_value(argv, "--dynamic-sampling-filter-path") == ["aclarena_slime.slime_edge.rollout.drop_no_tool"]
         retriever = " ".join(map(str, command.services["retriever"].command))
@@ -38,13 +38,16 @@ def test_retail_recipes_use_the_shaping_the_variance_filter_and_the_glm_user(tmp
     for name in ("stage3_retail", "oracle_retail", "mle_retail"):
         command = compiled(name, tmp_path)
         retail = command.custom_config["aclarena_env_config"]["retail"]
-        assert RetailShaping.from_config(retail["shaping"]) == RetailShaping(0.1, 0.0, -0.2, -0.3)
+        assert RetailShaping.from_config(retail["shaping"]) == RetailShaping(0.1, 0.0, -0.2, -0.3, user_failure=-0.3)
         user = retail["user"]
         LLMUserSettings.from_mapping(user)  # the simulator accepts every key the recipe sends
         assert (user["model"], user["temperature"], user["max_tokens"]) == ("user_sim", 0.7, 1024)
         argv = command.train_args
         expected = ["aclarena_slime.slime_edge.rollout.task_reward_nonzero_std"]
         assert flag_value(argv, "--dynamic-sampling-filter-path") == expected
+        # Qwen3-Base ends on <|endoftext|> only: a reply to the customer must stop on <|im_end|> (151645)
+        assert flag_value(argv, "--rollout-stop-token-ids") == ["151645"]
+        assert retail["first_call_only"] is True and retail["shaping"]["user_failure"] == -0.3
         sim = [str(part) for part in command.services["user_sim"].command]
         assert sim[sim.index("--model-path") + 1].endswith("GLM-4.7-Flash")
         assert sim[sim.index("--served-model-name") + 1] == "user_sim"

@@ -33,17 +33,25 @@ def test_fidelity_md_is_generated_from_the_data_and_the_recipes(data, rows):
 
 
 def test_every_paper_run_is_in_the_table(data):
-    runs = {spec["recipe"].removesuffix(".yaml") for spec in data["runs"].values()}
+    runs = {(spec.get("recipe") or spec["suite"]).removesuffix(".yaml") for spec in data["runs"].values()}
     paper = {"stage1_math", "stage2_search_sft", "stage2_search", "stage3_retail_sft", "stage3_retail", "stage4_if",
              "sdft_backbone", "mle_math", "mle_search", "mle_retail", "mle_if", "oracle_math", "oracle_search",
-             "oracle_retail", "oracle_if", "mopd"}  # fmt: skip
+             "oracle_retail", "oracle_if", "mopd", "oracle_search_sft", "oracle_retail_sft", "teacher_search",
+             "teacher_retail", "oracle_rollouts_math", "oracle_rollouts_search", "oracle_rollouts_retail",
+             "oracle_rollouts_if", "eval/paper"}  # fmt: skip
     assert paper <= runs
 
 
 def test_each_run_covers_the_settings_that_change_training(data):
     for run in data["runs"]:
         keys = {row["key"] for row in run_rows(data, run)}
-        if data["runs"][run]["recipe"].startswith(("stage", "mle", "oracle", "mopd")) and "sft" not in run:
+        recipe = data["runs"][run].get("recipe")
+        if recipe is None:  # the final evaluation: what each domain is scored by
+            assert {"suite.aime26.env_config.grader", "suite.nq.env_config.reward", "suite.retail.env_config.shaping",
+                    "suite.ifeval.env_config.thinking"} <= keys  # fmt: skip
+        elif recipe.startswith(("teacher", "oracle_rollouts")):
+            assert {"--debug-rollout-only", "--n-samples-per-prompt"} <= keys, run
+        elif recipe.startswith(("stage", "mle", "oracle", "mopd")) and "sft" not in run:
             assert {"--load", "--lr", "--rollout-batch-size", "--n-samples-per-prompt", "--use-tis",
                     "--rollout-max-response-len", "--tensor-model-parallel-size"} <= keys, run  # fmt: skip
         else:
@@ -66,6 +74,26 @@ def test_an_equivalent_must_match_our_compiled_value(data):
     (checked,) = [r for r in table({"runs": {"stage2_search": drifted["runs"]["stage2_search"]}})
                   if r.key == "--custom-tis-function-path"]  # fmt: skip
     assert checked.status == "differs"  # a stated reason still stands, but the equivalence no longer holds
+
+
+def test_substitutions_are_counted_as_differences(rows):
+    """The teacher, the data format of the warm starts and τ³ for τ-bench v1 change what is trained: never
+    'equivalent' (a stand-in for the same thing), always a difference with its reason."""
+    substitutions = [r for r in rows if (r.run, r.setting) in {
+        ("stage2_search_sft", "teacher"), ("stage3_retail_sft", "teacher"), ("stage2_search_sft", "data format"),
+        ("stage3_retail_sft", "data format"), ("stage3_retail", "environment"), ("mle_retail", "starts from")}]  # fmt: skip
+    assert len(substitutions) == 6 and {r.status for r in substitutions} == {"differs"}
+    assert fidelity.counts(rows).startswith(f"**{len(rows)} rows")
+
+
+def test_the_final_evaluation_and_the_mopd_eval_are_read_from_what_runs(rows):
+    by_key = {(r.run, r.key): r for r in rows}
+    assert by_key[("final_eval", "suite.aime26.env_config.grader")].status == "same"
+    assert by_key[("final_eval", "suite.nq.env_config.reward")].status == "differs"
+    math_eval = by_key[("mopd", "eval.math-aime2024.n_samples_per_eval_prompt")]
+    assert (math_eval.ours, math_eval.status) == (4, "same")
+    prompt = by_key[("stage3_retail", "code.aclarena_envs.retail.env:AGENT_INSTRUCTION")]
+    assert prompt.ours.startswith("You are a customer service agent") and prompt.status == "differs"
 
 
 def test_values_compare_as_switches_numbers_or_text():
