@@ -115,18 +115,17 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     flags.add("actor_num_nodes", cluster.actor_num_nodes, "cluster.actor_num_nodes")
     flags.add("actor_num_gpus_per_node", cluster.actor_num_gpus_per_node, "cluster.actor_num_gpus_per_node")
     flags.add("num_gpus_per_node", cluster.num_gpus_per_node, "cluster.num_gpus_per_node")
-    engines = recipe.kind != "sft"  # an SFT stage reads its records: no rollout engine
+    # --debug-train-only (the SFT stages, as slime's own scripts/run-qwen3-4B-base-sft.sh) starts no rollout engine:
+    # colocated, slime would still offload the whole trainer to CPU and back at every step for engines that do not exist.
+    engines = not (recipe.algorithm.extra.get("debug_train_only") or recipe.extra.get("debug_train_only"))
     if cluster.rollout_num_gpus:
         if cluster.colocate:
             raise RecipeError("cluster.rollout_num_gpus is for a disaggregated layout; set cluster.colocate=false")
         flags.add("rollout_num_gpus", cluster.rollout_num_gpus if engines else None, "cluster.rollout_num_gpus")
     if engines:
         flags.add("colocate", cluster.colocate, "cluster.colocate")
-        flags.add("rollout_num_gpus_per_engine", cluster.rollout_num_gpus_per_engine, "cluster.rollout_num_gpus_per_engine")
-    else:
-        # Colocated, slime would offload the whole trainer to CPU and back at every step for engines that do not
-        # exist; --debug-train-only starts none (slime's own scripts/run-qwen3-4B-base-sft.sh).
-        flags.add("debug_train_only", True, "kind=sft")
+        per_engine = cluster.rollout_num_gpus_per_engine
+        flags.add("rollout_num_gpus_per_engine", per_engine, "cluster.rollout_num_gpus_per_engine")
     flags.add_section(recipe.model.architecture, "model.architecture")
     flags.add("hf_checkpoint", recipe.model.hf_checkpoint, "model.hf_checkpoint")
     if recipe.checkpoint.save_hf and "{" in recipe.checkpoint.save_hf:
