@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aclarena_slime.cli import CommandError
-from aclarena_slime.cli import doctor
+from aclarena_slime.cli import CommandError, doctor
 from aclarena_slime.curriculum import runner as curriculum_runner
 from aclarena_slime.curriculum.runner import run_curriculum
 from aclarena_slime.launcher import addresses, preflight, ray_job, stage
