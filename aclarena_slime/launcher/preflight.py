@@ -21,7 +21,7 @@ from typing import Any
 
 from aclarena_slime.curriculum.lineage import iteration_dir
 from aclarena_slime.launcher.addresses import is_loopback, nodes_needed
-from aclarena_slime.launcher.hf_export import vocab_mismatch, vocab_size
+from aclarena_slime.launcher.hf_export import origin_dir, vocab_mismatch, vocab_size
 from aclarena_slime.recipes.compiler import SlimeCommand, is_megatron_checkpoint
 from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS
 from aclarena_slime.recipes.schema import StageRecipe
@@ -231,15 +231,18 @@ def check_export(recipe: StageRecipe) -> list[Check]:
 
 
 def check_tokenizer(recipe: StageRecipe) -> list[Check]:
-    if not Path(recipe.model.hf_checkpoint).is_dir():
-        return [Check("tokenizer", "fail", f"{recipe.model.hf_checkpoint} does not exist",
+    folder = recipe.model.hf_checkpoint
+    if not Path(folder).is_dir() and recipe.checkpoint.ckpt_step is not None:
+        folder = str(origin_dir(recipe))  # the export the launcher makes copies its tokenizer from there
+    if not Path(folder).is_dir():
+        return [Check("tokenizer", "fail", f"{folder} does not exist",
                       "set model.hf_checkpoint to an HF folder with the tokenizer files")]  # fmt: skip
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(recipe.model.hf_checkpoint)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as exc:  # noqa: BLE001 - reported, with the path
-        return [Check("tokenizer", "fail", f"{recipe.model.hf_checkpoint}: {type(exc).__name__}: {exc}",
+        return [Check("tokenizer", "fail", f"{folder}: {type(exc).__name__}: {exc}",
                       "set model.hf_checkpoint to an HF folder with the tokenizer files")]  # fmt: skip
     return [Check("tokenizer", "ok", f"{type(tokenizer).__name__}, {len(tokenizer)} tokens")]
 
