@@ -232,3 +232,20 @@ def test_an_sft_stage_is_not_colocated(tmp_path: Path, routable):
 def test_retract_is_refused_where_it_would_deadlock(tmp_path: Path, routable):
     with pytest.raises(RecipeError, match="pause_mode=retract: this stage samples from the adapter it syncs"):
         compile_recipe(load("mle_search", tmp_path, "++lora.pause_mode=retract"))
+
+
+def test_doctor_gives_up_on_a_port_that_answers_but_never_connects(tmp_path: Path, routable):
+    """Something other than a Ray head holds the port: ray.init would retry for minutes; the doctor says so."""
+    import threading
+
+    release = threading.Event()
+    recipe = load("stage1_math", tmp_path, "cluster=single_8")
+
+    def connect():  # stands in for ray.init retrying
+        release.wait()
+
+    try:
+        (check,) = cluster_checks(recipe, {}, connect, probe=lambda host, port: None, connect_timeout_s=0.2)
+    finally:
+        release.set()
+    assert check.status == "fail" and "did not connect within 0.2 s" in check.detail
