@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,13 @@ from aclarena_slime.curriculum.config import (
 )
 from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
+from aclarena_slime.curriculum.lineage import check_ckpt_step
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.replay import attach_replay
 from aclarena_slime.evaluation.monitor import attach_monitor
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
+from aclarena_slime.launcher.hf_export import ExportError
+from aclarena_slime.launcher.ray_job import RayError, slime_head
 from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
 from aclarena_slime.lora.checkpoint import adapter_checkpoint_root, latest_iteration
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
@@ -39,6 +43,7 @@ from aclarena_slime.recipes.flags import UnknownFlagError
 from aclarena_slime.recipes.schema import StageRecipe
 
 StageRunner = Callable[[StageRecipe], StageResult]
+HeadHolder = Callable[[list[StageRecipe]], AbstractContextManager[Any]]
 # (stage name, its manifest entry, results folder) -> path of summary.json, or None when not evaluated
 Evaluator = Callable[[str, dict[str, Any], Path], "Path | None"]
 
@@ -137,21 +142,46 @@ def _runs_local(recipe: StageRecipe) -> bool:
         return False  # backend=slime on a machine without it: the stage runner reports that
 
 
+def slime_recipes(recipes: list[StageRecipe]) -> list[StageRecipe]:
+    """The stages the slime backend runs (what the curriculum's Ray head serves)."""
+    out = []
+    for recipe in recipes:
+        try:
+            if recipe.cluster.name != "local" and choose_backend(recipe.cluster.backend).name == "slime":
+                out.append(recipe)
+        except BackendUnavailable:
+            continue  # the stage runner reports it
+    return out
+
+
 def run_curriculum(
     file: str | Path,
     overrides: list[str] | tuple[str, ...] = (),
     runner: StageRunner = default_stage_runner,
     evaluator: Evaluator | None = None,
+    head: HeadHolder = slime_head,
 ) -> Manifest:
-    """Run every stage not yet done; returns the manifest. Raises :class:`CurriculumFailed` on a failed stage."""
+    """Run every stage not yet done; returns the manifest. Raises :class:`CurriculumFailed` on a failed stage.
+
+    ``head`` holds one Ray head for all of the slime stages (started before the first, stopped after the last,
+    only if started here): a stage stopping it would drop the nodes joined to it (``launch/join.sh``).
+    """
     file = Path(file)
     config = load_curriculum(file, overrides)
+    # Build every recipe first: a typo in stage 4 should fail now, not after three days of training.
+    built = {entry.name: stage_recipe(config, file, entry, None) for entry in config.stages}
+    for before, entry in zip([None, *config.stages], config.stages, strict=False):
+        source = before.name if entry.start == "previous" and before else entry.start
+        if source in built:  # an iteration of the stage it starts from: one that stage writes
+            check_ckpt_step(built[entry.name], built[source])
+    with head(slime_recipes(list(built.values()))):
+        return _run_stages(config, file, runner, evaluator)
+
+
+def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evaluator: Evaluator | None) -> Manifest:
     out = Path(config.output_dir)
     evaluator = evaluator or command_evaluator(list(config.evaluation.command))
     manifest = Manifest.open(out, config.name)
-    # Build every recipe first: a typo in stage 4 should fail now, not after three days of training.
-    for entry in config.stages:
-        stage_recipe(config, file, entry, None)
     previous: str | None = None
     for entry in config.stages:
         source_name = previous if entry.start == "previous" else (None if entry.start == "recipe" else entry.start)
@@ -263,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     try:
         manifest = run_curriculum(args.curriculum, args.overrides)
-    except (RecipeError, UnknownFlagError, CurriculumFailed, ValueError) as exc:
+    except (RecipeError, UnknownFlagError, CurriculumFailed, ValueError, RayError, ExportError) as exc:
         print(f"curriculum.sh: {exc}", file=sys.stderr)
         return 1
     print(f"[curriculum] all stages done; manifest: {manifest.path}", file=sys.stderr)

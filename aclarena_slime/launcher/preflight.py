@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.curriculum.lineage import iteration_dir
 from aclarena_slime.launcher.addresses import is_loopback, nodes_needed
+from aclarena_slime.launcher.hf_export import origin_dir, vocab_mismatch, vocab_size
 from aclarena_slime.recipes.compiler import SlimeCommand, is_megatron_checkpoint
 from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS
 from aclarena_slime.recipes.schema import StageRecipe
@@ -197,16 +199,50 @@ def check_checkpoint(recipe: StageRecipe) -> list[Check]:
     return out
 
 
+def check_iteration(recipe: StageRecipe) -> list[Check]:
+    """``checkpoint.ckpt_step``'s folder exists: Megatron raises FileNotFoundError at actor init otherwise, after the
+    engines started (slime writes iteration = 0-based rollout id: iter_0000499 after the 500th rollout)."""
+    step = recipe.checkpoint.ckpt_step
+    if step is None:
+        return []
+    folder = iteration_dir(recipe.checkpoint.load, step)
+    if folder.is_dir():
+        return [Check("checkpoint.ckpt_step", "ok", str(folder))]
+    there = sorted(p.name for p in Path(recipe.checkpoint.load).glob("iter_*"))
+    return [Check("checkpoint.ckpt_step", "fail", f"{folder} does not exist (there: {', '.join(there) or 'none'})",
+                  "checkpoint.ckpt_step=ONE_OF_THOSE (slime saves after rollout N as iter_{N-1})")]  # fmt: skip
+
+
+def check_export(recipe: StageRecipe) -> list[Check]:
+    """The HF weights SGLang serves have the config's vocabulary rows (an export without --vocab-size keeps
+    Megatron's padding and SGLang refuses it). A missing export of ``ckpt_step`` is made by the launcher."""
+    folder = Path(recipe.model.hf_checkpoint)
+    if not folder.is_dir():
+        if recipe.checkpoint.ckpt_step is not None:
+            return [Check("hf export", "ok", f"{folder} missing: the launcher makes it first (--dry-run shows how)")]
+        return []  # the tokenizer check reports it
+    if not any(folder.glob("*.safetensors")):
+        return [Check("hf export", "warn", f"{folder} holds no *.safetensors: vocabulary rows not checked")]
+    why = vocab_mismatch(folder)
+    if why is not None:
+        fix = f"remove it; the launcher exports it again with --vocab-size {vocab_size(recipe)}"
+        return [Check("hf export", "fail", why, fix)]
+    return [Check("hf export", "ok", f"{folder}: vocabulary rows match its config")]
+
+
 def check_tokenizer(recipe: StageRecipe) -> list[Check]:
-    if not Path(recipe.model.hf_checkpoint).is_dir():
-        return [Check("tokenizer", "fail", f"{recipe.model.hf_checkpoint} does not exist",
+    folder = recipe.model.hf_checkpoint
+    if not Path(folder).is_dir() and recipe.checkpoint.ckpt_step is not None:
+        folder = str(origin_dir(recipe))  # the export the launcher makes copies its tokenizer from there
+    if not Path(folder).is_dir():
+        return [Check("tokenizer", "fail", f"{folder} does not exist",
                       "set model.hf_checkpoint to an HF folder with the tokenizer files")]  # fmt: skip
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(recipe.model.hf_checkpoint)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as exc:  # noqa: BLE001 - reported, with the path
-        return [Check("tokenizer", "fail", f"{recipe.model.hf_checkpoint}: {type(exc).__name__}: {exc}",
+        return [Check("tokenizer", "fail", f"{folder}: {type(exc).__name__}: {exc}",
                       "set model.hf_checkpoint to an HF folder with the tokenizer files")]  # fmt: skip
     return [Check("tokenizer", "ok", f"{type(tokenizer).__name__}, {len(tokenizer)} tokens")]
 
@@ -296,7 +332,8 @@ def recipe_checks(recipe: StageRecipe, command: SlimeCommand) -> list[Check]:
     argv = command.train_args
     return [
         *check_versions(), *check_paths(recipe), *check_flags(argv), *check_hooks(argv), *check_addresses(recipe),
-        *check_checkpoint(recipe), *check_tokenizer(recipe), *check_data(recipe), *check_lora(recipe, argv),
+        *check_checkpoint(recipe), *check_iteration(recipe), *check_export(recipe), *check_tokenizer(recipe),
+        *check_data(recipe), *check_lora(recipe, argv),
     ]  # fmt: skip
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -15,6 +17,9 @@ from typing import Any
 from aclarena_slime.launcher.addresses import nodes_needed
 from aclarena_slime.launcher.preflight import Check
 from aclarena_slime.recipes.schema import StageRecipe
+
+GCS_PROBE_TIMEOUT_S = 3.0  # a head on the network answers a TCP connect in milliseconds
+CONNECT_TIMEOUT_S = 45.0  # ray.init to a live head takes seconds; the doctor never waits a minute without a word
 
 
 def probe_url(url: str, timeout_s: float = 5.0) -> str | None:
@@ -123,15 +128,61 @@ def check_proxy(ray: Any, no_proxy: str) -> list[Check]:
     return [Check("no_proxy", "ok", "every node bypasses the proxy")]
 
 
-def cluster_checks(recipe: StageRecipe, runtime_env: dict[str, Any], connect: Any = None) -> list[Check]:
-    """Connect to the recipe's Ray head and run the per-node checks; ``connect`` returns the ``ray`` module."""
+def probe_port(host: str, port: int, timeout_s: float = GCS_PROBE_TIMEOUT_S) -> str | None:
+    """None when something accepts a TCP connection at ``host:port`` within ``timeout_s``; otherwise why not."""
     try:
-        ray = connect() if connect else _connect(recipe)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _within(fn: Any, timeout_s: float) -> Any:
+    """``fn()``'s result, or TimeoutError after ``timeout_s``: ``ray.init`` retries for minutes when something other
+    than a Ray head holds the port (its thread is a daemon, left behind when the doctor exits)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True, name="doctor-ray-connect")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"ray.init did not connect within {timeout_s:g} s (is that port a Ray head's GCS?)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def cluster_checks(
+    recipe: StageRecipe,
+    runtime_env: dict[str, Any],
+    connect: Any = None,
+    probe: Any = probe_port,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+) -> list[Check]:
+    """Connect to the recipe's Ray head and run the per-node checks; ``connect`` returns the ``ray`` module.
+
+    The head's GCS port is probed first: ``ray.init`` against an address nobody listens on retries for minutes and
+    ignores SIGTERM, so no head is reported in seconds instead.
+    """
+    ray_config = recipe.cluster.ray
+    address = f"{ray_config.address}:{ray_config.port}"
+    fix = ("start the head (launch/stage.sh and launch/curriculum.sh start it; or ray start --head "
+           f"--node-ip-address={ray_config.address} --port={ray_config.port}) and join the other nodes first")  # fmt: skip
+    why = "cluster.ray.address is not set" if ray_config.address is None else probe(ray_config.address, ray_config.port)
+    if why is not None:
+        return [Check("ray cluster", "fail", f"no Ray head at {address} ({why})", fix)]
+    print(f"[doctor] connecting to the Ray head at {address} (at most {connect_timeout_s:g} s) ...", file=sys.stderr,
+          flush=True)  # fmt: skip
+    try:
+        ray = _within(connect or (lambda: _connect(recipe)), connect_timeout_s)
     except Exception as exc:  # noqa: BLE001 - not installed, or no head there
-        address = f"{recipe.cluster.ray.address}:{recipe.cluster.ray.port}"
-        return [Check("ray cluster", "fail", f"no Ray head at {address}: {type(exc).__name__}: {exc}",
-                      "start the head (launch/stage.sh starts it; or ray start --head --node-ip-address="
-                      f"{recipe.cluster.ray.address}) and join the other nodes first")]  # fmt: skip
+        return [Check("ray cluster", "fail", f"no Ray head at {address}: {type(exc).__name__}: {exc}", fix)]
     out = [Check("ray cluster", "ok", f"connected to {recipe.cluster.ray.address}:{recipe.cluster.ray.port}")]
     out += check_nodes(ray, recipe)
     out += check_services(ray, recipe)

@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from aclarena_slime.launcher.addresses import AddressError, is_loopback, ray_cluster_env
-from aclarena_slime.recipes.schema import RayConfig
+from aclarena_slime.recipes.schema import ClusterConfig, RayConfig, StageRecipe
+
+GPU_WAIT_S = 120.0  # how long a launch waits for joining nodes' GPUs before it fails naming the missing ones
 
 
 class RayError(RuntimeError):
@@ -66,6 +71,71 @@ def ensure_head(ray: RayConfig, num_gpus: int) -> bool:
 def stop_head() -> None:
     """Stop the Ray processes of this node; called only when :func:`ensure_head` started them."""
     subprocess.run([_ray(), "stop"], check=False)
+
+
+@contextmanager
+def held_head(ray: RayConfig, num_gpus: int) -> Iterator[bool]:
+    """One Ray head across several stages (a curriculum): started here unless one answers, stopped here only if
+    started here. Stages inside find it running, reuse it and leave it up, so joined nodes stay joined."""
+    started = ensure_head(ray, num_gpus)
+    try:
+        yield started
+    finally:
+        if started:
+            stop_head()
+
+
+def slime_head(recipes: Sequence[StageRecipe]) -> Any:
+    """The head a curriculum's slime stages share (a context manager; a null one without slime stages)."""
+    from contextlib import nullcontext
+
+    heads = {(r.cluster.ray.address, r.cluster.ray.port) for r in recipes}
+    if not recipes:
+        return nullcontext(False)
+    if len(heads) > 1:
+        raise RayError(f"the slime stages name different Ray heads {sorted(heads, key=str)}: a curriculum has one")
+    first = recipes[0].cluster
+    return held_head(first.ray, first.num_gpus_per_node)
+
+
+def gpus_needed(cluster: ClusterConfig, engines: bool = True) -> int:
+    """GPUs slime's placement group asks for (slime/ray/placement_group.py ``_get_placement_group_layout``)."""
+    actor = cluster.actor_num_nodes * cluster.actor_num_gpus_per_node
+    return actor if cluster.colocate or not engines else actor + (cluster.rollout_num_gpus or 0)
+
+
+def cluster_gpus(ray: RayConfig) -> float:
+    """GPUs the head's cluster offers now (Ray's Python API on the head's address)."""
+    import ray as ray_api
+
+    ray_api.init(address=f"{ray.address}:{ray.port}", log_to_driver=False)
+    try:
+        return float(ray_api.cluster_resources().get("GPU", 0))
+    finally:
+        ray_api.shutdown()
+
+
+def require_gpus(
+    ray: RayConfig,
+    want: int,
+    count: Callable[[RayConfig], float] | None = None,
+    wait_s: float = GPU_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Wait up to ``wait_s`` for the cluster to offer ``want`` GPUs, else fail naming what is missing: slime's
+    placement group for more GPUs than the cluster has waits forever without a word. ``count``: :func:`cluster_gpus`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        have = (count or cluster_gpus)(ray)
+        if have >= want:
+            return have
+        if time.monotonic() >= deadline:
+            raise RayError(
+                f"the Ray cluster at {ray.address}:{ray.port} offers {have:g} GPUs, the recipe needs {want} "
+                f"({want - have:g} missing): on each missing node run bash launch/join.sh {ray.address} --port {ray.port}"
+            )
+        print(f"[ray] {have:g}/{want} GPUs in the cluster; waiting for nodes to join ...")
+        sleep(5.0)
 
 
 def submit(argv: Sequence[str]) -> int:

@@ -1,7 +1,9 @@
 """``bash launch/stage.sh RECIPE [overrides...] [--dry-run]``: one stage, on slime or on the local backend.
 
-slime: start (or reuse) the Ray head, start the recipe's services, write the custom-config YAML, submit
-the job with the runtime env, stream its logs, stop what was started here, exit with the job's status.
+slime: make the HF export the stage serves when it is missing, start (or reuse) the Ray head, wait briefly for
+the GPUs the recipe needs (failing with the missing count and the join command), start the recipe's services,
+write the custom-config YAML, submit the job with the runtime env, stream its logs, stop only what was started
+here (a curriculum's head stays up for its next stage), exit with the job's status.
 local: run the recipe's env on the embedded engine (no GPU, no slime) and say so.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 
 from aclarena_slime.launcher.addresses import AddressError, nodes_needed, require_head_address
 from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend
+from aclarena_slime.launcher.hf_export import ExportError, ensure_export, export_argv
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
@@ -70,6 +73,9 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     dashboard = f"http://{recipe.cluster.ray.address or 'HEAD_IP'}:{recipe.cluster.ray.dashboard_port}"
     lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
     lines.append(head_text(recipe))
+    if recipe.checkpoint.ckpt_step is not None:
+        argv = export_argv(recipe, recipe.model.hf_checkpoint)
+        lines.append(f"# HF export SGLang serves (made before the job when missing): {' '.join(argv)}")
     for name, service in command.services.items():
         from aclarena_slime.launcher.services import service_command
 
@@ -94,6 +100,9 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
 
     if choice.name == "slime":  # before anything starts: a multi-node run needs an address other nodes reach
         require_head_address(recipe.cluster.ray.address, nodes_needed(recipe.cluster) > 1)
+        done = ensure_export(recipe)  # the weights SGLang serves, unpadded, before any engine starts
+        if done:
+            print(f"[stage] {done}", file=sys.stderr)
     log_dir = Path(recipe.run_dir) / "services"
     started = []
     try:
@@ -116,12 +125,11 @@ def _run_slime(recipe: StageRecipe) -> StageResult:
     ray = recipe.cluster.ray
     command = compile_recipe(recipe)
     command.write_custom_config()
-    started_head = ray_job.ensure_head(ray, recipe.cluster.num_gpus_per_node)
-    try:
+    engines = "--debug-train-only" not in command.train_args
+    # A head that answers (a curriculum's, or the user's) is reused and left up; one started here is stopped here.
+    with ray_job.held_head(ray, recipe.cluster.num_gpus_per_node):
+        ray_job.require_gpus(ray, ray_job.gpus_needed(recipe.cluster, engines))
         status = ray_job.submit(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
-    finally:
-        if started_head:
-            ray_job.stop_head()
     result = StageResult(status, "slime", checkpoint=recipe.checkpoint.save, hf_checkpoint=recipe.checkpoint.save_hf)
     lora = command.custom_config.get("aclarena_lora")
     if lora is not None:
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         result = run_recipe(local_recipe or recipe, choice)
-    except (RecipeError, UnknownFlagError, BackendUnavailable, AddressError) as exc:
+    except (RecipeError, UnknownFlagError, BackendUnavailable, AddressError, ExportError) as exc:
         print(f"stage.sh: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a service, Ray or the local run failed: one line, not a traceback

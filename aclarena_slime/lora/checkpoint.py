@@ -14,13 +14,14 @@ slime's ``backends/megatron_utils/model.py``, the module whose ``save`` and
   the distributed optimizer's parameter gather finishes first).
 - load: Megatron loads the backbone from ``--load`` as before; then, when ``<--save>/lora_adapter``
   holds a finished checkpoint, the adapter, the optimizer and the scheduler are loaded from it and its
-  iteration is returned, so slime's next rollout id follows it.
+  iteration is returned, so slime's next rollout id follows it; without one, -1 (slime starts at rollout 0).
 
 Atomic: every rank writes into ``.iter_<N>.partial``; after a barrier, rank 0 renames it to
 ``iter_<N>`` and only then replaces the tracker file ``latest`` (write, fsync, ``os.replace``). A crash
 at any point leaves the tracker on the previous good checkpoint. Dist-checkpointing reshards, so a
-resume may use another TP / DP layout. Not kept: RNG states (LoRA stages run without dropout) and
-slime's data-source position, which slime reads from ``--load`` (the backbone folder).
+resume may use another TP / DP layout. Not kept: RNG states (LoRA stages run without dropout). Slime's
+data source saves its prompt position under ``--save`` and reads it from ``--load`` (the backbone
+folder); :mod:`aclarena_slime.slime_edge.data_source` reads it from ``--save`` when this stage resumes.
 """
 
 from __future__ import annotations
@@ -192,9 +193,11 @@ def install(slime_model_module: Any, save_dir: str | None) -> None:
         save_adapter_checkpoint(root, iteration, model, optimizer, opt_param_scheduler)
 
     def load_checkpoint(model, optimizer, opt_param_scheduler, *args, **kwargs):
-        iteration, flops = load_backbone(model, optimizer, opt_param_scheduler, *args, **kwargs)
+        _, flops = load_backbone(model, optimizer, opt_param_scheduler, *args, **kwargs)
         resumed = load_adapter_checkpoint(root, model, optimizer, opt_param_scheduler) if root else None
-        return (iteration, flops) if resumed is None else (resumed, 0)
+        # slime starts at the returned iteration + 1 (slime/backends/megatron_utils/actor.py): the backbone's
+        # iteration (0 under --finetune) would skip rollout 0; -1 starts a fresh stage at 0.
+        return (-1, flops) if resumed is None else (resumed, 0)
 
     slime_model_module.save_checkpoint = save_checkpoint
     slime_model_module.load_checkpoint = load_checkpoint

@@ -151,14 +151,18 @@ class LoraLinearMixin:
         norm_weight = getattr(self, "layer_norm_weight", None)
         if norm_weight is None:
             return x
-        # TELayerNormColumnParallelLinear: the base GEMM sees norm(x); so must the branch.
+        # TELayerNormColumnParallelLinear: the base GEMM sees norm(x); so must the branch. TE's formula, in fp32,
+        # with gamma stored as gamma - 1 under zero_centered_gamma (tests/lora/test_te_norm.py).
         weight = norm_weight.float() + (1.0 if getattr(self, "zero_centered_gamma", False) else 0.0)
         xf = x.float()
-        if getattr(self, "normalization", "LayerNorm") == "RMSNorm":
+        normalization = getattr(self, "normalization", "LayerNorm")
+        if normalization == "RMSNorm":
             y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * weight
-        else:
+        elif normalization == "LayerNorm":
             bias = getattr(self, "layer_norm_bias", None)
             y = F.layer_norm(xf, (xf.shape[-1],), weight, None if bias is None else bias.float(), self.eps)
+        else:
+            raise ValueError(f"{self.lora_key}: the adapter reproduces LayerNorm and RMSNorm, not {normalization!r}")
         return y.to(x.dtype)
 
     def lora_delta(self, x: torch.Tensor) -> torch.Tensor:

@@ -119,12 +119,17 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     flags.add("actor_num_nodes", cluster.actor_num_nodes, "cluster.actor_num_nodes")
     flags.add("actor_num_gpus_per_node", cluster.actor_num_gpus_per_node, "cluster.actor_num_gpus_per_node")
     flags.add("num_gpus_per_node", cluster.num_gpus_per_node, "cluster.num_gpus_per_node")
+    # --debug-train-only (the SFT stages, as slime's own scripts/run-qwen3-4B-base-sft.sh) starts no rollout engine:
+    # colocated, slime would still offload the whole trainer to CPU and back at every step for engines that do not exist.
+    engines = not (recipe.algorithm.extra.get("debug_train_only") or recipe.extra.get("debug_train_only"))
     if cluster.rollout_num_gpus:
         if cluster.colocate:
             raise RecipeError("cluster.rollout_num_gpus is for a disaggregated layout; set cluster.colocate=false")
-        flags.add("rollout_num_gpus", cluster.rollout_num_gpus, "cluster.rollout_num_gpus")
-    flags.add("colocate", cluster.colocate, "cluster.colocate")
-    flags.add("rollout_num_gpus_per_engine", cluster.rollout_num_gpus_per_engine, "cluster.rollout_num_gpus_per_engine")
+        flags.add("rollout_num_gpus", cluster.rollout_num_gpus if engines else None, "cluster.rollout_num_gpus")
+    if engines:
+        flags.add("colocate", cluster.colocate, "cluster.colocate")
+        per_engine = cluster.rollout_num_gpus_per_engine
+        flags.add("rollout_num_gpus_per_engine", per_engine, "cluster.rollout_num_gpus_per_engine")
     flags.add_section(recipe.model.architecture, "model.architecture")
     flags.add("hf_checkpoint", recipe.model.hf_checkpoint, "model.hf_checkpoint")
     if recipe.checkpoint.save_hf and "{" in recipe.checkpoint.save_hf:
@@ -141,12 +146,18 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     flags.add_section(algorithm, "algorithm", skip=skip)
     flags.add_section(recipe.algorithm.extra, "algorithm.extra")
     flags.add_section(cluster.perf, "cluster.perf")
-    for key, value in cluster.sglang.items():
+    for key, value in cluster.sglang.items() if engines else ():
         flags.add("--sglang-" + key.replace("_", "-"), value, f"cluster.sglang.{key}")
     flags.add_section(dataclasses.asdict(recipe.plugins), "plugins")
     eval_config = _eval_suite(recipe, flags)
     flags.add_section({k: v for k, v in recipe.extra.items() if k != EVAL_SUITE}, "extra")
+    _refuse_pipeline_parallel(recipe)
     lora = _lora_settings(recipe, flags)  # after every other flag: it refuses some of them
+    if recipe.checkpoint.finetune and not recipe.lora.enabled and "--start-rollout-id" not in flags.origins:
+        # Weights only, never resumed: slime starts at loaded iteration + 1, which Megatron's --finetune makes 1, and
+        # would skip rollout 0 and its baseline eval (slime/ray/placement_group.py). A LoRA stage resumes instead:
+        # its checkpoint loader answers -1 without an adapter checkpoint (aclarena_slime.lora.checkpoint.install).
+        flags.add("start_rollout_id", 0, "checkpoint.finetune")
     custom_path = Path(recipe.run_dir) / CUSTOM_CONFIG_NAME
     flags.add("custom_config_path", str(custom_path), "compiler")
     custom = {"aclarena_env_config": {tag: dict(config or {}) for tag, config in recipe.env_config.items()}}
@@ -242,6 +253,13 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
         if flag in flags.origins:
             raise RecipeError(f"lora: {flags.origins[flag]} sets {flag}, which a LoRA stage refuses ({why}); drop it")
     _refuse_hf_load(recipe)
+    if config.pause_mode == "retract":
+        raise RecipeError(
+            "lora.pause_mode=retract: this stage samples from the adapter it syncs, and SGLang's unload waits for "
+            "every request holding that adapter, retracted ones included, so the sync would never finish; use abort"
+        )
+    if "--data-source-path" not in flags.origins:  # resume reads this stage's own prompt position, not the backbone's
+        flags.add("data_source_path", hook_path("resumable_data_source"), "lora.enabled")
     # Hook paths and the trainable-parameter pattern as aclarena_slime/slime_edge/lora.py documents them.
     flags.add("custom_model_provider_path", hook_path("lora_model_provider"), "lora.enabled")
     flags.add("custom_megatron_init_path", hook_path("lora_megatron_init"), "lora.enabled")
@@ -258,6 +276,18 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     out = config.to_dict()
     out["target_modules"] = list(config.target_modules)
     return out
+
+
+def _refuse_pipeline_parallel(recipe: StageRecipe) -> None:
+    """The adapter sync and the adapter checkpoint gather one stage's layers: with PP > 1 the first sync would
+    die after the model is built, so refuse it here."""
+    pp = recipe.cluster.perf.get("pipeline_model_parallel_size") or 1
+    if recipe.lora.enabled and int(pp) > 1:
+        raise RecipeError(
+            f"cluster.perf.pipeline_model_parallel_size={pp}: a LoRA stage supports pipeline parallelism 1 only "
+            "(the adapter export behind every sync reads all layers on one pipeline stage, aclarena_slime.lora.export); "
+            "use tensor / data parallelism"
+        )
 
 
 def _check_hooks(items: list[tuple[str, Any, str]]) -> None:

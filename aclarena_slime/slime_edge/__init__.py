@@ -92,6 +92,13 @@ HOOKS: tuple[Hook, ...] = (
         ((("args",), ()),),  # slime/ray/rollout.py: data_source_cls(args)
     ),
     Hook(
+        "resumable_data_source",
+        "--data-source-path",
+        f"{_EDGE}.data_source.ResumableDataSource",
+        "slime.rollout.data_source.RolloutDataSourceWithBuffer",
+        ((("args",), ()),),  # slime/ray/rollout.py: data_source_cls(args)
+    ),
+    Hook(
         "lora_model_provider",
         "--custom-model-provider-path",
         f"{_EDGE}.lora.model_provider",

@@ -1,6 +1,12 @@
-"""``--data-source-path``: the domain-balanced data source (:mod:`aclarena_slime.distill.balanced_source`).
+"""``--data-source-path``: the domain-balanced data source (:mod:`aclarena_slime.distill.balanced_source`), and
+slime's default data source made resumable for a LoRA stage.
 
-Slime constructs it as ``cls(args)``. Its prompts are built by slime's own ``Dataset`` from
+Slime's data source saves its prompt position under ``--save`` and loads it from ``--load``
+(slime/rollout/data_source.py); a LoRA stage's ``--load`` is the backbone's folder, so a resumed stage
+restarted its prompt stream at offset 0, or took the backbone stage's offsets when the rollout ids
+coincided. Both sources here read the position from :func:`state_dir` instead.
+
+Slime constructs each as ``cls(args)``. Its prompts are built by slime's own ``Dataset`` from
 ``prompt_data`` (and, with replay, the earlier stages' prompt files), exactly as slime's default data
 source builds them; the settings come from ``n_samples_per_prompt``, ``rollout_seed``,
 ``rollout_shuffle``, ``save`` / ``load`` and the custom config's ``aclarena_balance_key`` /
@@ -9,10 +15,55 @@ source builds them; the settings come from ``n_samples_per_prompt``, ``rollout_s
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 from aclarena_slime.distill.balanced_source import BalancedSource
+from aclarena_slime.lora.checkpoint import adapter_checkpoint_root, latest_iteration
 from aclarena_slime.slime_edge import custom
+
+
+def state_dir(args: Any) -> str | None:
+    """Where the data source's saved position is read from.
+
+    A stage that resumes its adapter (a finished checkpoint under ``--save``) reads its own ``--save``; a LoRA
+    stage that does not resume reads nothing (``--load`` is the backbone's folder, another stage's prompts);
+    any other stage reads ``--load``, as slime does.
+    """
+    save = getattr(args, "save", None)
+    if save and latest_iteration(adapter_checkpoint_root(save)) is not None:
+        return save
+    if getattr(args, "aclarena_lora", None) is not None:
+        return None
+    return getattr(args, "load", None)
+
+
+class ResumableDataSource:
+    """slime's ``RolloutDataSourceWithBuffer``, its position read from :func:`state_dir` (the compiler's default for
+    a LoRA stage). ``make`` builds the wrapped source from ``args`` (slime's class unless given)."""
+
+    def __init__(self, args: Any, make: Callable[[Any], Any] | None = None) -> None:
+        if make is None:
+            from slime.rollout.data_source import RolloutDataSourceWithBuffer as make
+        own = copy.copy(args)  # slime's source reads the position from args.load: a copy pointing at ours
+        own.load = state_dir(args)
+        self.source = make(own)
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        return self.source.get_samples(num_samples)
+
+    def add_samples(self, samples: list[list[Any]]) -> None:
+        self.source.add_samples(samples)
+
+    def save(self, rollout_id: int) -> None:
+        self.source.save(rollout_id)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        self.source.load(rollout_id)
+
+    def __len__(self) -> int:
+        return len(self.source)
 
 
 class BalancedDataSource(BalancedSource):
@@ -31,7 +82,7 @@ class BalancedDataSource(BalancedSource):
             balance_key=custom.balance_key(args),
             replay=replay,
             save_dir=getattr(args, "save", None),
-            load_dir=getattr(args, "load", None),
+            load_dir=state_dir(args),
             source_name=str(args.prompt_data),
         )
 

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from aclarena_slime.curriculum.config import load_curriculum
+from aclarena_slime.curriculum.lineage import saves_iteration
 from aclarena_slime.curriculum.manifest import DONE, MANIFEST_NAME
-from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum
+from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum, stage_recipe
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.recipes.compose import RecipeError
 
@@ -123,10 +125,10 @@ def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Pat
     backbone = str(tmp_path / "out" / "runs" / "backbone" / "checkpoint")
     assert [load for _, load in runner.calls[1:]] == [backbone, backbone]
     # SGLang serves the HF export of the SDFT iteration each expert loads, the weights the expert trains on:
-    # not the backbone's last export, not Qwen3-8B-Base. One backbone for every expert (iteration 1000; the
-    # authors' search LoRA takes 500, recipes/FIDELITY.md says why not), so one engine serves them all.
-    assert [r.checkpoint.ckpt_step for r in runner.recipes[1:]] == [1000, 1000]
-    exports = [f"{backbone}/hf_iter_1000", f"{backbone}/hf_iter_1000"]
+    # not the backbone's last export, not Qwen3-8B-Base. One backbone for every expert: the authors' iteration
+    # 1000, which slime writes as iter_0000999 (their search LoRA takes 500; recipes/FIDELITY.md says why not).
+    assert [r.checkpoint.ckpt_step for r in runner.recipes[1:]] == [999, 999]
+    exports = [f"{backbone}/hf_iter_999", f"{backbone}/hf_iter_999"]
     assert [r.model.hf_checkpoint for r in runner.recipes[1:]] == exports
     experts = json.loads((tmp_path / "out" / "experts.json").read_text())
     assert experts["base"] == {"name": "backbone", "path": exports[-1]}
@@ -353,3 +355,37 @@ def test_a_bad_monitor_setting_is_a_recipe_error(tmp_path: Path):
     path.write_text(path.read_text() + "monitor: {enabled: true, action: panic}\n")
     with pytest.raises(RecipeError, match="monitor.action"):
         run_curriculum(path, runner=FakeRunner(), evaluator=lambda *_: None)
+
+
+def should_run_periodic_action(rollout_id, interval, num_rollout_per_epoch=None, num_rollout=None):
+    """slime.utils.misc.should_run_periodic_action at 624b824, line for line (train.py saves when it is true)."""
+    if interval is None:
+        return False
+    if num_rollout is not None and rollout_id == num_rollout - 1:
+        return True
+    step = rollout_id + 1
+    return (step % interval == 0) or (num_rollout_per_epoch is not None and step % num_rollout_per_epoch == 0)
+
+
+def test_mle_experts_load_an_iteration_the_backbone_writes(tmp_path: Path):
+    """slime saves iteration = rollout id when should_run_periodic_action says so: with save_interval 500 the SDFT
+    stage writes iter_0000499, iter_0000999, ... and never iter_0000500 / iter_0001000."""
+    path = Path(__file__).resolve().parents[2] / "recipes" / "curriculum" / "mle.yaml"
+    config = load_curriculum(path, [f"output_dir={tmp_path}"])
+    recipes = {e.name: stage_recipe(config, path, e, None) for e in config.stages}
+    interval = recipes["sdft_backbone"].checkpoint.save_interval
+    written = {i for i in range(3000) if should_run_periodic_action(i, interval)}  # the epoch-end save aside
+    steps = {name: r.checkpoint.ckpt_step for name, r in recipes.items() if r.checkpoint.ckpt_step is not None}
+    assert steps and all(step in written for step in steps.values()), steps
+    assert all(saves_iteration(i, interval) == should_run_periodic_action(i, interval) for i in range(3000))
+
+
+def test_a_curriculum_naming_an_iteration_never_written_is_refused(tmp_path: Path):
+    stages = [
+        f"{{name: backbone, recipe: {RECIPES}/sdft_backbone.yaml}}",
+        f"{{name: e_math, recipe: {RECIPES}/mle_math.yaml, start: backbone, expert: math, overrides: [checkpoint.ckpt_step=1000]}}",
+    ]
+    runner = FakeRunner()
+    with pytest.raises(RecipeError, match="iter_0001000, which backbone never writes.*499, 999"):
+        run_curriculum(write_curriculum(tmp_path, "mle", stages), runner=runner, evaluator=lambda *_: None)
+    assert runner.calls == []

@@ -178,15 +178,16 @@ def test_cluster_checks_on_a_real_local_ray(tmp_path: Path):
         "services.files.ready_path=/",
     )  # fmt: skip
     ray.init(num_cpus=1, num_gpus=8, include_dashboard=False, log_to_driver=False)
+    no_probe = lambda host, port: None  # noqa: E731 - this head is in-process, not at the recipe's address
     try:
         from aclarena_slime.launcher.preflight_cluster import probe_url
 
         while probe_url(f"http://127.0.0.1:{live}/", 1.0) is not None:
             pass  # the file server is still starting
-        checks = {c.name: c for c in cluster_checks(recipe, compile_recipe(recipe).runtime_env, lambda: ray)}
+        checks = {c.name: c for c in cluster_checks(recipe, compile_recipe(recipe).runtime_env, lambda: ray, no_probe)}
         recipe.lora.sync_dir = str(tmp_path / "file" / "sub")
         (tmp_path / "file").write_text("not a folder")
-        unwritable = cluster_checks(recipe, {}, lambda: ray)
+        unwritable = cluster_checks(recipe, {}, lambda: ray, no_probe)
     finally:
         ray.shutdown()
         server.terminate()

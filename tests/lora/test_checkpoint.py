@@ -123,3 +123,22 @@ def test_a_tracker_naming_a_missing_checkpoint_is_an_error(tmp_path):
     (tmp_path / "latest").write_text("7\n")
     with pytest.raises(RuntimeError, match="not a finished checkpoint"):
         ckpt.latest_iteration(tmp_path)
+
+
+def test_the_patched_loader_starts_a_fresh_stage_at_rollout_0_and_a_resumed_one_after_its_adapter(tp1, tmp_path):
+    """slime starts at ``loaded iteration + 1`` (slime/backends/megatron_utils/actor.py) unless --start-rollout-id is
+    given; a backbone loaded with --finetune answers iteration 0 (Megatron, and slime's HF loader literally), so a
+    fresh LoRA stage used to start at rollout 1 and skip rollout 0's eval."""
+    from types import SimpleNamespace
+
+    slime_model = SimpleNamespace(save_checkpoint=None, load_checkpoint=lambda *a, **k: (0, 0))
+    ckpt.install(slime_model, str(tmp_path))
+    with megatron_training_on_cpu():
+        ddp, optimizer, scheduler = _fresh()
+        loaded, _ = slime_model.load_checkpoint([ddp], optimizer, scheduler)
+        assert loaded + 1 == 0
+        train_step(ddp, optimizer, scheduler, IDS)
+        slime_model.save_checkpoint(4, [ddp], optimizer, scheduler)  # slime saves at rollout id 4
+        ddp2, optimizer2, scheduler2 = _fresh()
+        loaded, _ = slime_model.load_checkpoint([ddp2], optimizer2, scheduler2)
+    assert loaded + 1 == 5

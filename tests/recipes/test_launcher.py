@@ -180,7 +180,10 @@ def _fake_slime_job(monkeypatch, write_adapter: bool) -> list[list[str]]:
         return 0
 
     monkeypatch.setattr(ray_job, "ensure_head", lambda ray, gpus: False)
+    monkeypatch.setattr(ray_job, "require_gpus", lambda ray, want: want)  # every node joined
     monkeypatch.setattr(ray_job, "submit", submit)
+    # the SDFT iteration's HF export exists (tests/launcher/test_cluster_lineage.py makes and checks one)
+    monkeypatch.setattr("aclarena_slime.launcher.stage.ensure_export", lambda recipe: None)
     return submitted
 
 
@@ -207,6 +210,7 @@ def test_slime_full_stage_reports_its_hf_export(tmp_path: Path, monkeypatch):
     from aclarena_slime.launcher.stage import run_recipe
 
     monkeypatch.setattr("aclarena_slime.launcher.ray_job.ensure_head", lambda ray, gpus: False)
+    monkeypatch.setattr("aclarena_slime.launcher.ray_job.require_gpus", lambda ray, want: want)
     monkeypatch.setattr("aclarena_slime.launcher.ray_job.submit", lambda argv: 0)
     recipe = load_recipe(REPO / "recipes/sdft_backbone.yaml", [f"paths.root={tmp_path}"])
     result = run_recipe(recipe, BackendChoice("slime", "test"))

@@ -265,14 +265,15 @@ def test_missing_recipe_file_is_a_clear_error(tmp_path: Path):
 
 def test_mle_experts_load_the_authors_sdft_iteration(tmp_path: Path):
     """Which checkpoint is an explicit setting: --ckpt-step, with SGLang serving that iteration's export."""
-    for name, step in (("mle_math", 1000), ("mle_search", 500)):
+    for name, step in (("mle_math", 999), ("mle_search", 499)):
         argv = compiled(name, tmp=tmp_path)[1].train_args
         assert flag_value(argv, "--ckpt-step") == [str(step)]
         assert flag_value(argv, "--hf-checkpoint") == [f"{tmp_path}/runs/sdft_backbone/checkpoint/hf_iter_{step}"]
     backbone = load_recipe(RECIPES / "sdft_backbone.yaml", [f"paths.root={tmp_path}"])
     for name in ("mle_math", "mle_search", "mle_retail", "mle_if"):
         step = load_recipe(RECIPES / f"{name}.yaml", [f"paths.root={tmp_path}"]).checkpoint.ckpt_step
-        assert step % backbone.checkpoint.save_interval == 0, f"{name}: iteration {step} is never saved"
+        # slime saves iteration = rollout id (0-based) when (id + 1) % save_interval == 0
+        assert (step + 1) % backbone.checkpoint.save_interval == 0, f"{name}: iteration {step} is never saved"
     with pytest.raises(ValueError, match="ckpt_step"):
         load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "checkpoint.ckpt_step=0"])
 
