@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.launcher.addresses import is_loopback, nodes_needed
+from aclarena_slime.recipes.addresses import is_loopback, nodes_needed
 from aclarena_slime.recipes.compiler import SlimeCommand, is_megatron_checkpoint
 from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS
 from aclarena_slime.recipes.schema import StageRecipe

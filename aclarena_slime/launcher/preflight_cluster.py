@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.launcher.addresses import nodes_needed
 from aclarena_slime.launcher.preflight import Check
+from aclarena_slime.recipes.addresses import nodes_needed
 from aclarena_slime.recipes.schema import StageRecipe
 
 

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from aclarena_slime.launcher.addresses import AddressError, is_loopback, ray_cluster_env
+from aclarena_slime.recipes.addresses import AddressError, is_loopback, ray_cluster_env
 from aclarena_slime.recipes.schema import RayConfig
 
 
@@ -49,7 +49,7 @@ def head_argv(ray: RayConfig, num_gpus: int) -> list[str]:
 def ensure_head(ray: RayConfig, num_gpus: int) -> bool:
     """Start a Ray head unless one answers; returns whether this call started it (only then stop it)."""
     if not ray.address:
-        raise AddressError("cluster.ray.address is not set (see aclarena_slime.launcher.addresses)")
+        raise AddressError("cluster.ray.address is not set (see aclarena_slime.recipes.addresses)")
     print(f"[ray] head address: {ray.address} (slime's training ranks meet at it; other nodes: "
           f"bash launch/join.sh {ray.address} --port {ray.port})")  # fmt: skip
     if head_running(ray):
