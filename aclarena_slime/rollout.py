@@ -24,7 +24,15 @@ from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient, new_session
 
 RECORD_KEY = "aclarena"
-RESPONSE_BUDGETS = ("total", "per_turn")
+RESPONSE_BUDGETS = ("total", "per_turn")  # what max_response_len bounds; see Budgets
+
+
+def response_budget_mode(value: str | None) -> str:
+    """The recipe's ``aclarena_response_budget`` (``total`` when unset), checked: the one check of it."""
+    mode = value or "total"
+    if mode not in RESPONSE_BUDGETS:
+        raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {value!r}")
+    return mode
 
 
 class MissingEnvTag(ValueError):
@@ -46,8 +54,7 @@ class Budgets:
     eval_max_context_len: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in RESPONSE_BUDGETS:
-            raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {self.mode!r}")
+        response_budget_mode(self.mode)
 
 
 def loop_settings(
