@@ -3,8 +3,11 @@
 :class:`RolloutContext` holds the shared parts (the engine's HTTP session, the tokenizer, the env
 instances, the expert table), built once and closed once: env ``aclose()`` runs when the context
 closes. :func:`run_sample` and :func:`score_sample` are the plain functions slime's generate and
-reward hooks (:mod:`aclarena_slime.slime_edge.rollout`) call; the local backend and the evaluation
-reach them through the same hooks. Samples are slime's ``Sample`` or anything with the same fields.
+reward hooks (:mod:`aclarena_slime.slime_edge.rollout`) call, for training and for slime's own eval
+during training; the local backend's rollouts and held-out evaluation run them too. The standalone
+evaluation (``aclarena eval run``, the forgetting monitor) does not come through here: it runs the
+same agent loop (:func:`aclarena_slime.agent_loop.run_episode`) with each dataset's own settings
+(:mod:`aclarena_slime.evaluation.runner`). Samples are slime's ``Sample`` or anything with the same fields.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ SLIME_INSPECTORS = {
 }
 # slime's DataSource interface (slime/rollout/data_source.py)
 DATA_SOURCE_METHODS = ("get_samples", "add_samples", "save", "load", "__len__")
-SOURCE_DIRS = ("aclarena_slime", "recipes", "tests", "envs", "benchmarks", "launch", "patches")
+SOURCE_DIRS = ("aclarena_slime", "recipes", "tests", "envs", "benchmarks", "launch", "patches", "docs")
 SUFFIXES = {".py", ".md", ".yaml", ".sh"}
 
 
