@@ -117,8 +117,15 @@ HOOKS: tuple[Hook, ...] = (
         (
             (
                 (),
-                ("args", "pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths",
-                 "response_lengths"),
+                (
+                    "args",
+                    "pg_loss",
+                    "train_log_probs",
+                    "rollout_log_probs",
+                    "loss_masks",
+                    "total_lengths",
+                    "response_lengths",
+                ),
             ),
         ),  # fmt: skip
     ),

@@ -128,7 +128,8 @@ def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Pat
     exports = [f"{backbone}/hf_iter_1000", f"{backbone}/hf_iter_500"]
     assert [r.model.hf_checkpoint for r in runner.recipes[1:]] == exports
     experts = json.loads((tmp_path / "out" / "experts.json").read_text())
-    assert experts["base"] == {"name": "backbone", "path": exports[-1]}
+    # inside the run folder, so written relative to it (the folder can move); read back, the export
+    assert experts["base"] == {"name": "backbone", "path": "runs/backbone/checkpoint/hf_iter_500"}
     assert experts["experts"]["math"] == {
         "adapter": "math",
         "path": "runs/e_math/checkpoint/adapter",
@@ -138,7 +139,8 @@ def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Pat
     assert experts["base"]["name"] == "backbone" and experts["default"] is None
     from aclarena_slime.experts import ExpertTable
 
-    assert ExpertTable.load(tmp_path / "out" / "experts.json").adapter_for("search") == "search"
+    table = ExpertTable.load(tmp_path / "out" / "experts.json")
+    assert table.adapter_for("search") == "search" and table.base_path == Path(exports[-1])
 
 
 def test_evaluation_step_runs_after_every_stage_and_feeds_the_matrix(tmp_path: Path):
@@ -352,3 +354,16 @@ def test_a_bad_monitor_setting_is_a_recipe_error(tmp_path: Path):
     path.write_text(path.read_text() + "monitor: {enabled: true, action: panic}\n")
     with pytest.raises(RecipeError, match="monitor.action"):
         run_curriculum(path, runner=FakeRunner(), evaluator=lambda *_: None)
+
+
+def test_the_curriculum_writes_experts_json_through_the_expert_table(tmp_path: Path):
+    """One writer: what the curriculum writes is what readers accept, so a bad adapter fails at write time."""
+    from aclarena_slime.curriculum.manifest import Manifest
+    from aclarena_slime.experts import ExpertError, ExpertTable
+
+    manifest = Manifest.open(tmp_path, "c")
+    manifest.set_expert("math", "runs/math/adapter", "stage1_math", None)
+    table = ExpertTable.load(tmp_path / "experts.json")
+    assert table.lookup("math").path == (tmp_path / "runs/math/adapter").resolve() and table.base_name == "c"
+    with pytest.raises(ExpertError, match="outside the experts' directory"):
+        manifest.set_expert("search", str(tmp_path.parent / "elsewhere"), "stage2_search", None)
