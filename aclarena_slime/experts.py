@@ -1,7 +1,8 @@
 """The expert manifest (``experts.json``): which LoRA expert serves which environment tag.
 
-Written by the curriculum, read by the rollout (``lora_path`` per request), the router and the
-evaluation. Paths are relative to the manifest's folder unless absolute, and must stay inside it.
+Written by the curriculum, always through :meth:`ExpertTable.save` (so what is written is what a
+reader accepts); read by the rollout (``lora_path`` per request), the router and the evaluation.
+Paths are relative to the manifest's folder unless absolute; adapter paths must stay inside it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from aclarena_slime.jsonl import write_json_atomic
 
 MANIFEST_VERSION = 1
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -47,8 +50,8 @@ class ExpertTable:
     def lookup(self, tag: str | None) -> Expert:
         """The expert for ``tag``; for no tag (None) the default expert when configured.
 
-        An unknown tag is an error naming the known tags even when a default exists (DESIGN.md): a
-        misspelt tag must not be served silently by another domain's expert.
+        An unknown tag is an error naming the known tags even when a default exists (docs/lora.md, the
+        expert manifest): a misspelt tag must not be served silently by another domain's expert.
         """
         if tag is not None and tag in self.experts:
             return self.experts[tag]
@@ -106,11 +109,21 @@ class ExpertTable:
             raise ExpertError(f"cannot read expert manifest {manifest}: {exc}") from exc
         return cls.from_mapping(data, root=manifest.parent)
 
-    def to_mapping(self) -> dict[str, Any]:
+    def save(self, manifest: str | Path) -> None:
+        """Write the table as ``manifest`` (atomically), its paths relative to that file's folder."""
+        manifest = Path(manifest)
+        write_json_atomic(manifest, self.to_mapping(manifest.parent))
+
+    def to_mapping(self, root: str | Path | None = None) -> dict[str, Any]:
+        """The manifest dict; paths inside ``root`` (default: the table's own) relative to it, others absolute."""
+        base_dir = Path(root).resolve() if root is not None else self.root
+
         def rel(p: Path | None) -> str | None:
             if p is None:
                 return None
-            return os.path.relpath(p, self.root) if self.root else str(p)
+            if base_dir is not None and (p == base_dir or base_dir in p.parents):
+                return os.path.relpath(p, base_dir)
+            return str(p)
 
         experts = {}
         for tag, e in self.experts.items():

@@ -3,8 +3,11 @@
 :class:`RolloutContext` holds the shared parts (the engine's HTTP session, the tokenizer, the env
 instances, the expert table), built once and closed once: env ``aclose()`` runs when the context
 closes. :func:`run_sample` and :func:`score_sample` are the plain functions slime's generate and
-reward hooks (:mod:`aclarena_slime.slime_edge.rollout`) call; the local backend and the evaluation
-reach them through the same hooks. Samples are slime's ``Sample`` or anything with the same fields.
+reward hooks (:mod:`aclarena_slime.slime_edge.rollout`) call, for training and for slime's own eval
+during training; the local backend's rollouts and held-out evaluation run them too. The standalone
+evaluation (``aclarena eval run``, the forgetting monitor) does not come through here: it runs the
+same agent loop (:func:`aclarena_slime.agent_loop.run_episode`) with each dataset's own settings
+(:mod:`aclarena_slime.evaluation.runner`). Samples are slime's ``Sample`` or anything with the same fields.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient, new_session
 
 RECORD_KEY = "aclarena"
-RESPONSE_BUDGETS = ("total", "per_turn")
+RESPONSE_BUDGETS = ("total", "per_turn")  # what max_response_len bounds; see Budgets
+
+
+def response_budget_mode(value: str | None) -> str:
+    """The recipe's ``aclarena_response_budget`` (``total`` when unset), checked: the one check of it."""
+    mode = value or "total"
+    if mode not in RESPONSE_BUDGETS:
+        raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {value!r}")
+    return mode
 
 
 class MissingEnvTag(ValueError):
@@ -46,8 +57,7 @@ class Budgets:
     eval_max_context_len: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in RESPONSE_BUDGETS:
-            raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {self.mode!r}")
+        response_budget_mode(self.mode)
 
 
 def loop_settings(

@@ -51,3 +51,14 @@ def test_paths_outside_the_manifest_folder_are_refused(tmp_path, path):
 def test_bad_adapter_names_are_refused(name):
     with pytest.raises(ExpertError, match="invalid adapter name"):
         ExpertTable.from_mapping({"math": name})
+
+
+def test_save_writes_what_load_reads_and_keeps_outside_paths_absolute(tmp_path):
+    """The one writer: relative paths inside the folder, an absolute base elsewhere kept absolute."""
+    outside = tmp_path / "models" / "base-hf"
+    table = ExpertTable.from_mapping({**MANIFEST, "base": {"name": "b", "path": str(outside)}}, root=tmp_path / "out")
+    table.save(tmp_path / "out" / "experts.json")
+    written = json.loads((tmp_path / "out" / "experts.json").read_text())
+    assert written["experts"] == MANIFEST["experts"] and written["base"] == {"name": "b", "path": str(outside)}
+    again = ExpertTable.load(tmp_path / "out" / "experts.json")
+    assert again.to_mapping() == written and again.base_path == outside

@@ -8,7 +8,7 @@ threshold is given in nats or taken as the ``1 - high_quantile`` quantile of the
 the top 20% are high-entropy "forking" tokens, as in Wang et al. 2025, "Beyond the 80/20 Rule").
 
 Reported per pair: the share of low-entropy tokens that stay stable (the ACLArena paper finds about
-95%, DESIGN.md) and the share of high-entropy decision tokens that are rewritten, plus stability per
+95%; docs/evaluation.md) and the share of high-entropy decision tokens that are rewritten, plus stability per
 entropy bin (equal-count bins) for the plot.
 
 From top-k log-probs only (SGLang's ``top_logprobs``), the entropy is that of the top-k tokens plus

@@ -3,7 +3,7 @@
 Written atomically (temp file + rename) after every change, so a crash leaves the last good state.
 ``stages`` is a list in training order with ``name``, ``env`` and ``eval`` per stage: the shape
 ``aclarena eval matrix --manifest`` reads. When stages produced experts, ``experts.json`` (the
-expert manifest of DESIGN.md) is written beside it.
+expert manifest, :mod:`aclarena_slime.experts`) is written beside it through ``ExpertTable``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.experts import MANIFEST_VERSION, ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
@@ -61,13 +62,14 @@ class Manifest:
         self.write_experts()
 
     def write_experts(self) -> None:
+        """``experts.json`` beside the manifest; an adapter path outside its folder is an ExpertError here."""
         experts = {
-            "version": 1,
-            "base": self.data.get("base") or {"name": self.data["name"], "path": ""},
+            "version": MANIFEST_VERSION,
+            "base": self.data.get("base") or {"name": self.data["name"]},
             "experts": self.data["experts"],
             "default": None,
         }
-        write_json_atomic(self.path.with_name(EXPERTS_NAME), experts)
+        ExpertTable.from_mapping(experts, root=self.path.parent).save(self.path.with_name(EXPERTS_NAME))
 
     def save(self) -> None:
         write_json_atomic(self.path, self.data)

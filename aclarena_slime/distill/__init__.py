@@ -4,6 +4,10 @@
   JSONL) into plain episodes;
 - :mod:`~aclarena_slime.distill.sdft`: filter by reward per domain, convert to chat ``messages``
   records, de-duplicate, write one domain-tagged mixture;
-- :mod:`~aclarena_slime.distill.balanced_source`: ``--data-source-path`` class drawing equally from every domain;
-- :mod:`~aclarena_slime.distill.mopd`: the reward / post-process plugins of multi-teacher on-policy distillation.
+- :mod:`~aclarena_slime.distill.balanced_source`: drawing equally from every domain (and replaying earlier
+  stages), the logic behind slime's ``--data-source-path`` hook;
+- :mod:`~aclarena_slime.distill.mopd`: the teachers of multi-teacher on-policy distillation and their log-probs.
+
+Slime reaches these through the hooks of :mod:`aclarena_slime.slime_edge` (``data_source``, ``mopd``);
+nothing here imports slime.
 """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,10 +28,9 @@ from aclarena_slime.evaluation.summary import build_summary, latest_by_key, summ
 from aclarena_slime.experts import ExpertTable, UnknownExpert
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.plugin.contract import Environment, Task
-from aclarena_slime.plugin.registry import load_factory
+from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
 
-EnvFactory = Callable[[str, Mapping[str, Any]], Environment]
 SAMPLES_DIR = "samples"
 SUMMARY_FILE = "summary.json"
 DEMO_SEED = 1234  # demo eval records differ from the local backend's training draw (seed 0)
@@ -52,14 +51,6 @@ class RunSettings:
     base_for_missing_expert: bool = False  # a domain with no expert runs on the base model instead of failing
 
 
-def build_environment(tag: str, config: Mapping[str, Any]) -> Environment:
-    """A fresh env owned by the run (closed at its end), not the process-wide shared instance."""
-    env = load_factory(tag)(dict(config))
-    if not isinstance(env, Environment):
-        raise TypeError(f"plugin {tag!r} built {type(env).__name__}, not an aclarena_slime.plugin.contract.Environment")
-    return env
-
-
 @dataclass
 class _Plan:
     dataset: EvalDataset
@@ -75,14 +66,13 @@ async def run_suite(
     settings: RunSettings,
     experts: ExpertTable | None = None,
     progress: Any = None,
-    env_factory: EnvFactory = build_environment,
     model_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every dataset of ``suite``; writes ``samples/<dataset>.jsonl`` and ``summary.json``.
 
     ``progress`` is a ``rich.progress.Progress`` (or None for silence). Returns the summary.
     """
-    envs = {d.name: env_factory(d.env, d.env_config) for d in suite.datasets}
+    envs = {d.name: get_environment(d.env, d.env_config) for d in suite.datasets}  # the run's own; closed at its end
     plans = [_plan(d, settings, experts, envs[d.name]) for d in suite.datasets]
     samples_dir = settings.out_dir / SAMPLES_DIR
     if not settings.resume and any((samples_dir / f"{p.dataset.name}.jsonl").exists() for p in plans):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aclarena_slime.launcher.addresses import AddressError
 from aclarena_slime.launcher.ray_job import RayError, join
+from aclarena_slime.recipes.addresses import AddressError
 
 
 def main(argv: list[str] | None = None) -> int:

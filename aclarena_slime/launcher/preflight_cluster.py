@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.launcher.addresses import nodes_needed
 from aclarena_slime.launcher.preflight import Check
+from aclarena_slime.recipes.addresses import nodes_needed
 from aclarena_slime.recipes.schema import StageRecipe
 
 GCS_PROBE_TIMEOUT_S = 3.0  # a head on the network answers a TCP connect in milliseconds

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from aclarena_slime.launcher.addresses import AddressError, is_loopback, ray_cluster_env
+from aclarena_slime.recipes.addresses import AddressError, is_loopback, ray_cluster_env
 from aclarena_slime.recipes.schema import ClusterConfig, RayConfig, StageRecipe
 
 GPU_WAIT_S = 120.0  # how long a launch waits for joining nodes' GPUs before it fails naming the missing ones
@@ -54,7 +54,7 @@ def head_argv(ray: RayConfig, num_gpus: int) -> list[str]:
 def ensure_head(ray: RayConfig, num_gpus: int) -> bool:
     """Start a Ray head unless one answers; returns whether this call started it (only then stop it)."""
     if not ray.address:
-        raise AddressError("cluster.ray.address is not set (see aclarena_slime.launcher.addresses)")
+        raise AddressError("cluster.ray.address is not set (see aclarena_slime.recipes.addresses)")
     print(f"[ray] head address: {ray.address} (slime's training ranks meet at it; other nodes: "
           f"bash launch/join.sh {ray.address} --port {ray.port})")  # fmt: skip
     if head_running(ray):

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.launcher.addresses import AddressError, nodes_needed, require_head_address
 from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend
 from aclarena_slime.launcher.hf_export import ExportError, ensure_export, export_argv
+from aclarena_slime.recipes.addresses import AddressError, nodes_needed, require_head_address
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError

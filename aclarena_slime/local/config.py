@@ -15,9 +15,9 @@ from typing import Any
 
 from aclarena_slime.lora.config import LoraConfig, LoraConfigError
 from aclarena_slime.plugin.settings import from_mapping
+from aclarena_slime.rollout import RESPONSE_BUDGETS
 
 TINY_MODEL = "tiny"
-RESPONSE_BUDGETS = ("total", "per_turn")  # aclarena_slime.rollout's aclarena_response_budget
 
 
 def default_lora() -> LoraConfig:

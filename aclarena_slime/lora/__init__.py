@@ -1,7 +1,7 @@
 """Frozen-backbone LoRA for slime's Megatron actor: adapters, PEFT export, adapter-only sync to SGLang.
 
-Slime's hooks for it (model provider, Megatron init, the adapter-only weight updater) live in
-:mod:`aclarena_slime.slime_edge.lora`.
+Slime's hooks for it (model provider, Megatron init) live in :mod:`aclarena_slime.slime_edge.lora`, the
+adapter-only weight updater that Megatron init installs in :mod:`aclarena_slime.slime_edge.lora_updater`.
 The names below are imported on first use, so reading :mod:`aclarena_slime.lora.config` (plain
 settings) does not load torch and aiohttp — the CLI's start-up time depends on it.
 """

@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from aclarena_slime.launcher.addresses import no_proxy_value, ray_cluster_env
 from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
+from aclarena_slime.recipes.addresses import no_proxy_value, ray_cluster_env
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.flags import check_flags
 from aclarena_slime.recipes.schema import StageRecipe
@@ -324,7 +324,7 @@ def runtime_env(recipe: StageRecipe) -> dict[str, Any]:
     """Ray runtime env: this package and Megatron-LM importable in every actor, plus the recipe's vars.
 
     The head, the services and loopback bypass any proxy (the rollout calls them from whichever node Ray
-    placed it on); Ray keeps the head's address as given (see launcher/addresses.py).
+    placed it on); Ray keeps the head's address as given (see recipes/addresses.py).
     """
     env = {
         "PYTHONPATH": f"{REPO_ROOT}:{recipe.paths.megatron}",

@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from aclarena_slime.launcher import addresses
+from aclarena_slime.recipes import addresses
 from aclarena_slime.recipes.schema import BACKENDS, KINDS, StageRecipe
 
 GROUPS = ("paths", "model", "cluster", "algorithm", "lora", "data", "env", "service", "profile")

@@ -44,7 +44,7 @@ class ModelConfig:
 class RayConfig:
     # The head's address, which every node and slime's training ranks use (Ray's node IP is slime's master
     # address). null: loopback on one node; on several nodes this machine's routable address
-    # (aclarena_slime.launcher.addresses); a loopback address on several nodes is refused.
+    # (aclarena_slime.recipes.addresses); a loopback address on several nodes is refused.
     address: str | None = None
     port: int = 6379
     dashboard_port: int = 8265

@@ -3,7 +3,10 @@
 Each hook is a thin adapter with slime's exact signature (read against THUDM/slime 624b824): it pulls
 what it needs out of ``args`` (slime's flags, and the custom config's typed sections through
 :mod:`~aclarena_slime.slime_edge.custom`) and calls plain functions where the concern lives (the agent
-loop, group rewards, MOPD, LoRA, TIS). No module outside this package imports slime.
+loop, group rewards, MOPD, LoRA, TIS). No other module imports slime for training: outside this
+package only the launcher's checks do, to read what the installed slime accepts
+(``launcher/preflight``: its argument parsers; ``launcher/smoke_report``: its loader and ``Sample``,
+replaying dumped samples), plus the ``slime`` test marker's probe (``testing/pytest_plugin``).
 
 :data:`HOOKS` is the one list of dotted paths: the recipe compiler, the schema's defaults, slime's
 eval config and the "every hook resolves with slime's signature" test all read it. This module imports
@@ -121,8 +124,15 @@ HOOKS: tuple[Hook, ...] = (
         (
             (
                 (),
-                ("args", "pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths",
-                 "response_lengths"),
+                (
+                    "args",
+                    "pg_loss",
+                    "train_log_probs",
+                    "rollout_log_probs",
+                    "loss_masks",
+                    "total_lengths",
+                    "response_lengths",
+                ),
             ),
         ),  # fmt: skip
     ),

@@ -21,10 +21,10 @@ from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.distill.mopd import MopdSettings
 from aclarena_slime.group_rewards import FilterSettings
 from aclarena_slime.plugin.settings import from_mapping
+from aclarena_slime.rollout import response_budget_mode
 from aclarena_slime.tis import TisSettings
 
 T = TypeVar("T")
-RESPONSE_BUDGETS = ("total", "per_turn")
 
 
 @dataclass
@@ -54,18 +54,12 @@ class CustomConfig:
     aclarena_sft_filter: SftFilterSettings | None = None  # an SFT warm start's teacher-rollout filter
 
     def __post_init__(self) -> None:
-        if self.aclarena_response_budget not in (None, *RESPONSE_BUDGETS):
-            raise ValueError(
-                f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, "
-                f"got {self.aclarena_response_budget!r}"
-            )
+        response_budget_mode(self.aclarena_response_budget)  # a misspelt budget fails when the recipe composes
 
     def to_custom_config(self) -> dict[str, Any]:
         """The sections that are set, as plain YAML-ready values."""
         return {
-            f.name: _plain(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) is not None
+            f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if getattr(self, f.name) is not None
         }
 
 
@@ -84,10 +78,7 @@ def _section(args: Any, name: str, cls: type[T]) -> T | None:
 
 def response_budget(args: Any) -> str:
     """``aclarena_response_budget``: ``total`` unless set."""
-    value = getattr(args, "aclarena_response_budget", None) or "total"
-    if value not in RESPONSE_BUDGETS:
-        raise ValueError(f"aclarena_response_budget must be one of {', '.join(RESPONSE_BUDGETS)}, got {value!r}")
-    return value
+    return response_budget_mode(getattr(args, "aclarena_response_budget", None))
 
 
 def filters(args: Any) -> FilterSettings:

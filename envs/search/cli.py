@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .env import SearchConfig, build_retriever
+    from .config import SearchConfig
+    from .env import build_retriever
     from .server import make_app
 
     if args.topk < 1:

@@ -174,6 +174,4 @@ def demo_turns(record: dict[str, Any]) -> list[str]:
 @functools.cache
 def _demo_retriever() -> BM25Retriever:
     """The embedded retriever over the default demo corpus, as the env builds it without a corpus."""
-    from .env import DEMO_PASSAGES  # the env imports this module
-
-    return BM25Retriever.from_documents(demo_corpus.generate(DEMO_PASSAGES).passages)
+    return BM25Retriever.from_documents(demo_corpus.generate(demo_corpus.DEMO_PASSAGES).passages)

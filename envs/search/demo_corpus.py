@@ -16,6 +16,8 @@ from typing import Any
 
 from aclarena_slime.jsonl import write_jsonl_atomic
 
+DEMO_PASSAGES = 3000  # the corpus the search env searches when the recipe names none
+
 _SYLLABLES = (
     "ka ro mi ta ve lun dor bre sa thi qua nel mo zan fir gal hed ia pol rim "
     "sel tor ul ven wy xan bel cor dra esk fal gor hal iv jor kel lor mar nor"

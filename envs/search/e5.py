@@ -24,14 +24,12 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from .config import SearchConfig
 from .retriever import _check_document, _import_faiss, _nonblank_lines, load_encoder
-
-if TYPE_CHECKING:
-    from .env import SearchConfig
 
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
 MAX_LENGTH = 256  # retrieval_server.py:420 (retrieval_query_max_length)
@@ -67,14 +65,6 @@ class E5Encoder:
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # padding must not dilute the mean
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
         return torch.nn.functional.normalize(pooled, dim=-1).numpy().astype(np.float32)
-
-
-def check_e5(cfg: SearchConfig) -> None:
-    """Raises ValueError when ``e5_model`` is set without a corpus or beside a custom ``encoder``."""
-    if cfg.e5_model and not cfg.corpus:
-        raise ValueError("search env: e5_model needs a corpus (the passages the index holds)")
-    if cfg.e5_model and cfg.encoder:
-        raise ValueError("search env: set e5_model or encoder, not both")
 
 
 def _batches(corpus: Path, size: int) -> Iterator[list[str]]:

@@ -30,7 +30,6 @@ import logging
 import random
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aclarena_slime.plugin.contract import (
@@ -43,12 +42,11 @@ from aclarena_slime.plugin.contract import (
     Score,
     Task,
 )
-from aclarena_slime.plugin.settings import from_mapping
 
 from . import data, demo_corpus, routing
-from .e5 import check_e5, dense_encoder
+from .config import SearchConfig
+from .e5 import dense_encoder
 from .protocol import (
-    INSTRUCTION,
     INVALID_ACTION,
     STOP_STRINGS,
     format_information,
@@ -57,59 +55,10 @@ from .protocol import (
     parse_action,
 )
 from .retriever import BM25Retriever, DenseRetriever, RemoteRetriever, Retriever, RetrieverError
-from .reward import REWARDS, exact_match, f1, gold_answers, trajectory_reward
-from .tool_episode import ToolSearchEpisode, check_protocol, protocol_settings
+from .reward import exact_match, f1, gold_answers, trajectory_reward
+from .tool_episode import ToolSearchEpisode, protocol_settings
 
 log = logging.getLogger(__name__)
-
-DEMO_PASSAGES = 3000
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """The env's settings, checked once; defaults follow the Search-R1 paper (top-3, at most 5 turns)."""
-
-    corpus: str | None = None
-    retriever_url: str | None = None
-    encoder: str | None = None
-    dense_index: str | None = None
-    topk: int = 3
-    max_turns: int = 5
-    reward: str = "em"
-    format_score: float = 0.0
-    max_query_chars: int = 512
-    max_turn_chars: int = 65_536
-    breakdown_answer_chars: int = 1000
-    retriever_timeout_s: float = 30.0
-    instruction: str = INSTRUCTION
-    e5_model: str | None = None  # with corpus: E5 dense retrieval (e5.py), the authors' retriever
-    protocol: str = "search_r1"  # or "tool_call": the ACLArena authors' JSON tool call (tool_episode.py)
-
-    @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> SearchConfig:
-        """Raises ValueError naming the key for unknown keys and bad values."""
-        cfg = from_mapping(cls, config, "config keys of the search env")
-        for name in ("topk", "max_turns", "max_query_chars", "max_turn_chars", "breakdown_answer_chars"):
-            value = getattr(cfg, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"search env: {name} must be a positive integer, got {value!r}")
-        if cfg.reward not in REWARDS:
-            raise ValueError(f"search env: reward must be one of {REWARDS}, got {cfg.reward!r}")
-        if (
-            isinstance(cfg.format_score, bool)
-            or not isinstance(cfg.format_score, (int, float))
-            or not 0 <= cfg.format_score <= 1
-        ):
-            raise ValueError(f"search env: format_score must be a number in [0, 1], got {cfg.format_score!r}")
-        if cfg.corpus and cfg.retriever_url:
-            raise ValueError("search env: set corpus (embedded retriever) or retriever_url (remote), not both")
-        if not isinstance(cfg.instruction, str) or (cfg.instruction and "{question}" not in cfg.instruction):
-            raise ValueError("search env: instruction must be a string holding {question}, or empty")
-        if (cfg.encoder or cfg.dense_index) and not cfg.corpus:
-            raise ValueError("search env: encoder/dense_index need a corpus")
-        check_protocol(cfg)
-        check_e5(cfg)
-        return cfg
 
 
 def build_retriever(cfg: SearchConfig) -> Retriever:
@@ -122,9 +71,9 @@ def build_retriever(cfg: SearchConfig) -> Retriever:
         return BM25Retriever.from_corpus(cfg.corpus)
     log.warning(
         "search env: no corpus or retriever_url configured; using the generated demo corpus (%d fictional passages)",
-        DEMO_PASSAGES,
+        demo_corpus.DEMO_PASSAGES,
     )
-    return BM25Retriever.from_documents(demo_corpus.generate(DEMO_PASSAGES).passages)
+    return BM25Retriever.from_documents(demo_corpus.generate(demo_corpus.DEMO_PASSAGES).passages)
 
 
 class SearchEpisode(Episode):
@@ -251,7 +200,7 @@ class SearchEnvironment(Environment):
         """
         if self.cfg.corpus or self.cfg.retriever_url:
             raise NotImplementedError("demo records only match the demo corpus; name a dataset for your corpus")
-        questions = list(demo_corpus.generate(DEMO_PASSAGES).questions)
+        questions = list(demo_corpus.generate(demo_corpus.DEMO_PASSAGES).questions)
         random.Random(seed).shuffle(questions)
         return list(data.demo_records(questions[:n], "demo"))
 

@@ -9,12 +9,13 @@ then searched as theirs is, where otherwise it gets a notice and does not count)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aclarena_slime.plugin.contract import Conversation, Done, Episode, EpisodeAborted, Observation, Score, Task
 
+from .config import SHAPED, SearchConfig
 from .protocol import INSTRUCTION, make_prompt
-from .retriever import RetrieverError
+from .retriever import Retriever, RetrieverError
 from .reward import exact_match, f1, trajectory_reward
 from .shaped_reward import (
     SHAPED_RANGE,
@@ -35,20 +36,7 @@ from .tool_protocol import (
     well_formed,
 )
 
-if TYPE_CHECKING:
-    from .env import SearchConfig, SearchEnvironment
-
-PROTOCOLS = ("search_r1", "tool_call")
-SHAPED = ("shaped", "shaped_effective")
 NO_PASSAGE = "No passage matched the query. Try different words."
-
-
-def check_protocol(cfg: SearchConfig) -> None:
-    """Raises ValueError for a protocol we do not speak or a reward the protocol cannot give."""
-    if cfg.protocol not in PROTOCOLS:
-        raise ValueError(f"search env: protocol must be one of {PROTOCOLS}, got {cfg.protocol!r}")
-    if cfg.reward in SHAPED and cfg.protocol != "tool_call":
-        raise ValueError(f"search env: reward {cfg.reward!r} is the authors' tool-call reward; set protocol: tool_call")
 
 
 def protocol_settings(cfg: SearchConfig) -> tuple[tuple[str, ...] | None, tuple[float, float] | None]:
@@ -62,10 +50,18 @@ def tool_instruction(cfg: SearchConfig) -> str:
     return TOOL_INSTRUCTION if cfg.instruction == INSTRUCTION else cfg.instruction
 
 
+class SearchHost(Protocol):
+    """What an episode reads from its env (``SearchEnvironment`` is one): the settings and the retriever."""
+
+    cfg: SearchConfig
+
+    async def retriever(self) -> Retriever: ...
+
+
 class ToolSearchEpisode(Episode):
     """One question answered through ``search`` tool calls and a final ``<answer>``."""
 
-    def __init__(self, env: SearchEnvironment, task: Task, golds: list[str]) -> None:
+    def __init__(self, env: SearchHost, task: Task, golds: list[str]) -> None:
         self.env, self.golds = env, golds
         if isinstance(task.prompt, list):
             messages = [dict(m) for m in task.prompt]

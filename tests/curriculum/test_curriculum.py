@@ -131,7 +131,8 @@ def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Pat
     exports = [f"{backbone}/hf_iter_999", f"{backbone}/hf_iter_999"]
     assert [r.model.hf_checkpoint for r in runner.recipes[1:]] == exports
     experts = json.loads((tmp_path / "out" / "experts.json").read_text())
-    assert experts["base"] == {"name": "backbone", "path": exports[-1]}
+    # inside the run folder, so written relative to it (the folder can move); read back, the export
+    assert experts["base"] == {"name": "backbone", "path": "runs/backbone/checkpoint/hf_iter_999"}
     assert experts["experts"]["math"] == {
         "adapter": "math",
         "path": "runs/e_math/checkpoint/adapter",
@@ -141,7 +142,8 @@ def test_mle_experts_start_from_the_backbone_and_fill_experts_json(tmp_path: Pat
     assert experts["base"]["name"] == "backbone" and experts["default"] is None
     from aclarena_slime.experts import ExpertTable
 
-    assert ExpertTable.load(tmp_path / "out" / "experts.json").adapter_for("search") == "search"
+    table = ExpertTable.load(tmp_path / "out" / "experts.json")
+    assert table.adapter_for("search") == "search" and table.base_path == Path(exports[-1])
 
 
 def test_evaluation_step_runs_after_every_stage_and_feeds_the_matrix(tmp_path: Path):
@@ -389,3 +391,16 @@ def test_a_curriculum_naming_an_iteration_never_written_is_refused(tmp_path: Pat
     with pytest.raises(RecipeError, match="iter_0001000, which backbone never writes.*499, 999"):
         run_curriculum(write_curriculum(tmp_path, "mle", stages), runner=runner, evaluator=lambda *_: None)
     assert runner.calls == []
+
+
+def test_the_curriculum_writes_experts_json_through_the_expert_table(tmp_path: Path):
+    """One writer: what the curriculum writes is what readers accept, so a bad adapter fails at write time."""
+    from aclarena_slime.curriculum.manifest import Manifest
+    from aclarena_slime.experts import ExpertError, ExpertTable
+
+    manifest = Manifest.open(tmp_path, "c")
+    manifest.set_expert("math", "runs/math/adapter", "stage1_math", None)
+    table = ExpertTable.load(tmp_path / "experts.json")
+    assert table.lookup("math").path == (tmp_path / "runs/math/adapter").resolve() and table.base_name == "c"
+    with pytest.raises(ExpertError, match="outside the experts' directory"):
+        manifest.set_expert("search", str(tmp_path.parent / "elsewhere"), "stage2_search", None)

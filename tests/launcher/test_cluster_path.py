@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from aclarena_slime.launcher import addresses, ray_job
-from aclarena_slime.launcher.addresses import AddressError
+from aclarena_slime.launcher import ray_job
 from aclarena_slime.launcher.backend import BackendChoice
+from aclarena_slime.recipes import addresses
+from aclarena_slime.recipes.addresses import AddressError
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS, UnknownFlagError, known_flags

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from aclarena_slime.launcher import addresses, preflight
+from aclarena_slime.launcher import preflight
 from aclarena_slime.launcher.preflight import Check
+from aclarena_slime.recipes import addresses
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aclarena_envs.retail.shaping import RetailShaping
 from aclarena_envs.retail.user_sim import LLMUserSettings
-from aclarena_envs.search.env import SearchConfig
+from aclarena_envs.search.config import SearchConfig
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
 

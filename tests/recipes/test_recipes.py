@@ -105,7 +105,7 @@ def test_eval_suites_parse(path: Path):
 
 
 def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("aclarena_slime.launcher.addresses.routable_ip", lambda: "10.9.8.7")
+    monkeypatch.setattr("aclarena_slime.recipes.addresses.routable_ip", lambda: "10.9.8.7")
     recipe, command = compiled("stage2_search", tmp=tmp_path)
     argv = command.train_args
     assert flag_value(argv, "--custom-rm-path") == ["aclarena_slime.slime_edge.rollout.reward"]

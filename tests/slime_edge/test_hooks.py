@@ -24,7 +24,7 @@ SLIME_INSPECTORS = {
 }
 # slime's DataSource interface (slime/rollout/data_source.py)
 DATA_SOURCE_METHODS = ("get_samples", "add_samples", "save", "load", "__len__")
-SOURCE_DIRS = ("aclarena_slime", "recipes", "tests", "envs", "benchmarks", "launch", "patches")
+SOURCE_DIRS = ("aclarena_slime", "recipes", "tests", "envs", "benchmarks", "launch", "patches", "docs")
 SUFFIXES = {".py", ".md", ".yaml", ".sh"}
 
 
@@ -118,6 +118,8 @@ def _same_parameters(ours, theirs, name: str) -> None:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         if param.kind is param.POSITIONAL_OR_KEYWORD:
-            assert index < len(mine) and mine[index].name == param.name, f"{name}: parameter {index} is not {param.name}"
+            assert index < len(mine) and mine[index].name == param.name, (
+                f"{name}: parameter {index} is not {param.name}"
+            )
         elif param.default is param.empty:  # a required keyword slime passes
             assert param.name in by_name or accepts_any_keyword, f"{name}: does not accept {param.name}="

@@ -8,9 +8,10 @@ import aiohttp
 import numpy as np
 import pytest
 
+from aclarena_envs.search.config import SearchConfig
 from aclarena_envs.search.demo_corpus import generate, write_jsonl
 from aclarena_envs.search.e5 import E5Encoder
-from aclarena_envs.search.env import SearchConfig, build_retriever
+from aclarena_envs.search.env import build_retriever
 from aclarena_envs.search.server import make_app
 from aclarena_slime.cli import main as cli_main
 from aclarena_slime.http_service import serving

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from aclarena_envs.search.config import SearchConfig
 from aclarena_envs.search.demo_corpus import generate, write_jsonl
-from aclarena_envs.search.env import SearchConfig, SearchEnvironment
+from aclarena_envs.search.env import SearchEnvironment
 from aclarena_envs.search.shaped_reward import ShapedInputs, shaped_reward
 from aclarena_envs.search.tool_protocol import parse_tool_action, well_formed
 from aclarena_slime.chat_tokens import ChatTokens
@@ -135,7 +136,6 @@ async def test_episode_scores_as_the_authors(tmp_path):
     score = await episode.score()
     assert score.breakdown["searches"] == 2 and score.reward == -0.05
     await env.aclose()
-
 
 
 async def test_rollout_renders_results_as_tool_messages(tmp_path, tiny_checkpoint, tiny_tokenizer):
