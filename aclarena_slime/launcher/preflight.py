@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from aclarena_slime.curriculum.lineage import iteration_dir
-from aclarena_slime.recipes.addresses import is_loopback, nodes_needed
 from aclarena_slime.launcher.hf_export import origin_dir, vocab_mismatch, vocab_size
+from aclarena_slime.recipes.addresses import is_loopback, nodes_needed
 from aclarena_slime.recipes.compiler import SlimeCommand, is_megatron_checkpoint
 from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS
 from aclarena_slime.recipes.schema import StageRecipe

@@ -17,7 +17,10 @@ from .protocol import INSTRUCTION
 from .reward import REWARDS
 
 PROTOCOLS = ("search_r1", "tool_call")
-SHAPED = ("shaped", "shaped_effective")  # the tool-call protocol's rewards (the documented table, the authors' effective one)
+SHAPED = (
+    "shaped",
+    "shaped_effective",
+)  # the tool-call protocol's rewards (the documented table, the authors' effective one)
 
 
 @dataclass(frozen=True)
@@ -69,5 +72,7 @@ class SearchConfig:
         if cfg.protocol not in PROTOCOLS:
             raise ValueError(f"search env: protocol must be one of {PROTOCOLS}, got {cfg.protocol!r}")
         if cfg.reward in SHAPED and cfg.protocol != "tool_call":
-            raise ValueError(f"search env: reward {cfg.reward!r} is the authors' tool-call reward; set protocol: tool_call")
+            raise ValueError(
+                f"search env: reward {cfg.reward!r} is the authors' tool-call reward; set protocol: tool_call"
+            )
         return cfg

@@ -14,7 +14,6 @@ QUESTION = DEMO.questions[0]
 PARAMS = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 512}
 
 
-
 async def test_search_then_answer_masks_the_information_and_scores_one(tmp_path, tiny_checkpoint, tiny_tokenizer):
     corpus = write_jsonl(DEMO.passages, tmp_path / "corpus.jsonl")
     turns = [
