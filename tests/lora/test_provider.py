@@ -142,5 +142,6 @@ def test_init_hook_saves_and_resumes_the_adapter_only(fake_slime, tp1, tiny_shap
     assert len(fake_slime.model.backbone_loads) == 1  # the backbone still comes from --load
     assert all(torch.equal(p, trained[n]) for n, p in restarted.named_parameters() if ".lora_" in n)
     provider_module.megatron_init(_args(save=str(tmp_path / "other")))  # idempotent: wraps slime's originals once
-    assert fake_slime.model.load_checkpoint([restarted], None, None) == (0, 0)
+    # no adapter checkpoint: -1, so slime starts the stage at rollout 0 (issue 27 item 4)
+    assert fake_slime.model.load_checkpoint([restarted], None, None) == (-1, 0)
     assert len(fake_slime.model.backbone_loads) == 2
