@@ -16,10 +16,11 @@ import yaml
 from aclarena_slime.cli import CommandError, doctor
 from aclarena_slime.curriculum import runner as curriculum_runner
 from aclarena_slime.curriculum.runner import run_curriculum
-from aclarena_slime.launcher import addresses, preflight, ray_job, stage
+from aclarena_slime.launcher import preflight, ray_job, stage
 from aclarena_slime.launcher.backend import BackendChoice
 from aclarena_slime.launcher.hf_export import ExportError, ensure_export, export_argv, vocab_mismatch
 from aclarena_slime.launcher.preflight_cluster import cluster_checks
+from aclarena_slime.recipes import addresses
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.slime_edge import path as hook_path

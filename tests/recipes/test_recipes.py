@@ -265,7 +265,9 @@ def test_missing_recipe_file_is_a_clear_error(tmp_path: Path):
 
 def test_mle_experts_load_the_authors_sdft_iteration(tmp_path: Path):
     """Which checkpoint is an explicit setting: --ckpt-step, with SGLang serving that iteration's export."""
-    for name, step in (("mle_math", 999), ("mle_search", 499)):
+    # one backbone for every expert, the authors' iteration 1000, which slime writes as iter_0000999
+    # (recipes/FIDELITY.md: the authors' search LoRA takes iteration 500)
+    for name, step in (("mle_math", 999), ("mle_search", 999)):
         argv = compiled(name, tmp=tmp_path)[1].train_args
         assert flag_value(argv, "--ckpt-step") == [str(step)]
         assert flag_value(argv, "--hf-checkpoint") == [f"{tmp_path}/runs/sdft_backbone/checkpoint/hf_iter_{step}"]
