@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aclarena_slime.launcher.addresses import AddressError, nodes_needed, require_head_address
-from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend
+from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend, runs_local
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
@@ -66,9 +66,15 @@ def head_text(recipe: StageRecipe) -> str:
 
 
 def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: StageRecipe | None = None) -> str:
+    """What will run: the local plan (the stage's resolved settings) or the exact slime command."""
+    lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
+    if local_recipe is not None:
+        from aclarena_slime.local.spec import local_config, local_plan
+
+        lines.append(local_plan(local_config(local_recipe)))
+        return "\n".join(lines)
     command = compile_recipe(recipe)
     dashboard = f"http://{recipe.cluster.ray.address or 'HEAD_IP'}:{recipe.cluster.ray.dashboard_port}"
-    lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
     lines.append(head_text(recipe))
     for name, service in command.services.items():
         from aclarena_slime.launcher.services import service_command
@@ -77,14 +83,6 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     lines.append(f"# {command.custom_config_path}:")
     lines += ["#   " + line for line in json.dumps(command.custom_config, indent=2).splitlines()]
     lines.append(command.shell(dashboard))
-    if choice.name == "local":
-        from aclarena_slime.launcher.local_stage import local_settings
-
-        try:
-            settings = local_settings(local_recipe or recipe)
-            lines.append(f"# local backend settings: {json.dumps(settings, default=str)}")
-        except RecipeError as exc:
-            lines.append(f"# {exc}: this stage needs the slime backend")
     return "\n".join(lines)
 
 
@@ -100,10 +98,14 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
         for name, service in recipe.services.items() if choice.name == "slime" else ():
             started.append(start_service(name, service, log_dir))
         if choice.name == "local":
-            from aclarena_slime.launcher.local_stage import run_local
+            from aclarena_slime.local.spec import run_local
 
             out = run_local(recipe)
-            return StageResult(0, "local", checkpoint=None, adapter=out["adapter"], metrics=out["metrics"])
+            if out["full"]:  # a fully fine-tuned model: the next stage loads it as its checkpoint
+                return StageResult(
+                    0, "local", checkpoint=out["policy"], hf_checkpoint=out["policy"], metrics=out["metrics"]
+                )
+            return StageResult(0, "local", adapter=out["policy"], metrics=out["metrics"])
         return _run_slime(recipe)
     finally:
         for running in reversed(started):
@@ -151,18 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. algorithm.lr=2e-6 cluster=single_8 backend=local"
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the exact slime command and stop")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what will run (the exact slime command, or the local plan) and stop"
+    )
     args = parser.parse_intermixed_args(argv)
     try:
         overrides = normalise_overrides(args.overrides)
         recipe = load_recipe(args.recipe, overrides)
         choice = choose_backend(recipe.cluster.backend)
         print(f"[stage] backend: {choice.name} ({choice.reason})", file=sys.stderr)
-        local_recipe = (
-            local_profile(args.recipe, overrides, recipe)
-            if choice.name == "local" and recipe.kind in ("rl", "sft")
-            else None
-        )
+        local_recipe = local_profile(args.recipe, overrides, recipe) if runs_local(recipe) else None
         if args.dry_run:
             print(dry_run_text(recipe, choice, local_recipe))
             return 0
@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def finished_text(result: StageResult) -> str:
-    """One closing line: where the outputs are and, on the local backend, the reward before and after."""
+    """The closing lines: where the outputs are and, on the local backend, the held-out reward last
+    (``held-out reward: base X -> warm start Y -> trained Z``; no warm start: ``base X -> trained Z``)."""
     parts = [f"[stage] {result.backend} stage finished with status {result.status}"]
     if result.message:
         parts.append(result.message)
@@ -191,12 +192,17 @@ def finished_text(result: StageResult) -> str:
         parts.append(f"adapter (PEFT): {result.adapter}")
     if result.checkpoint:
         parts.append(f"checkpoint: {result.checkpoint}")
-    if result.hf_checkpoint:
+    if result.hf_checkpoint and result.hf_checkpoint != result.checkpoint:
         parts.append(f"HF export: {result.hf_checkpoint}")
-    before, after = (result.metrics.get(k, {}).get("mean_reward") for k in ("eval_before", "eval_after"))
-    if before is not None and after is not None:
-        parts.append(f"eval mean reward {before:.3f} -> {after:.3f}")
-    return "; ".join(parts)
+    text = "; ".join(parts)
+    rewards = [
+        (label, (result.metrics.get(key) or {}).get("mean_reward"))
+        for label, key in (("base", "eval_before"), ("warm start", "eval_warm_start"), ("trained", "eval_after"))
+        if key in result.metrics
+    ]
+    if rewards and all(value is not None for _, value in rewards):
+        text += "\nheld-out reward: " + " -> ".join(f"{label} {value:.3f}" for label, value in rewards)
+    return text
 
 
 if __name__ == "__main__":

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from aclarena_slime.curriculum.manifest import MANIFEST_NAME
-from aclarena_slime.curriculum.replay import DATA_SOURCE, local_replay, replay_records
 from aclarena_slime.curriculum.runner import run_curriculum
+from aclarena_slime.curriculum.sections import DATA_SOURCE
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.recipes.compiler import compile_recipe
 
@@ -54,35 +53,6 @@ def test_replay_compiles_for_the_cluster_profiles(tmp_path: Path, cluster: str):
     assert command.custom_config["aclarena_replay"] == replay.to_dict()
     assert set(command.custom_config["aclarena_env_config"]) == {"math", "search", "retail"}
     assert third.cluster.name == cluster
-
-
-def test_replay_records_hold_the_share_in_every_step():
-    own = [{"prompt": f"own {i}", "metadata": {"env": "c"}} for i in range(12)]
-    earlier = {t: [{"prompt": f"{t} {i}", "metadata": {"env": t}} for i in range(12)] for t in ("a", "b")}
-    values = {"enabled": True, "share": 0.5, "rule": "uniform", "current": "c", "domains": ["a", "b"]}
-    records = replay_records(values, own, earlier, seed=0, per_step=4)
-    assert len(records) == 12
-    for step in range(3):
-        tags = [r["metadata"]["env"] for r in records[4 * step : 4 * step + 4]]
-        assert tags.count("c") == 2 and sorted(set(tags) - {"c"}) <= ["a", "b"]
-    assert [r["metadata"]["env"] for r in records].count("a") == 3
-    assert [r["prompt"] for r in records if r["metadata"]["env"] == "c"] == [f"own {i}" for i in range(6)]
-
-
-def test_local_replay_mixes_real_env_records_and_serves_their_envs():
-    from aclarena_slime.local.config import LocalStageConfig
-
-    cfg = LocalStageConfig(
-        env="ifeval", output_dir="unused", steps=2, prompts_per_step=4, progress=False,
-        replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
-    )  # fmt: skip
-    own = [{"prompt": "p", "metadata": {"env": "ifeval"}}] * 8
-    args = SimpleNamespace(aclarena_env_config={"ifeval": {}}, aclarena_experts={"ifeval": "ifeval"})
-    records = local_replay(cfg, own, args, "http://127.0.0.1:1")
-    assert [r["metadata"]["env"] for r in records].count("math") == 4
-    assert args.aclarena_experts == {"ifeval": "ifeval", "math": "ifeval"}  # the adapter being trained
-    assert "math" in args.aclarena_env_config
-    assert local_replay(LocalStageConfig(env="ifeval", output_dir="x"), own, args, "u") is own
 
 
 @pytest.mark.slow

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from aclarena_slime.local.config import LocalStageConfig
-from aclarena_slime.local.records import RecordError
-from aclarena_slime.local.stage import LocalStageError, bind_engine, run_stage
+from aclarena_slime.local.records import RecordError, bind_engine
+from aclarena_slime.local.stage import LocalStageError, run_stage
 from aclarena_slime.plugin import registry
 
 
@@ -140,4 +140,6 @@ def test_cli_json_output_is_clean_json(tmp_path):
     assert done.returncode == 0, done.stderr
     metrics = json.loads(done.stdout)
     assert metrics["env"] == "mock" and len(metrics["steps"]) == 1
-    assert (tmp_path / "runs" / "stage4_if" / "local" / "adapter" / "adapter_config.json").exists()
+    # stage4_if is the paper's full fine-tuning (lora.enabled=false): the local stage trains every parameter
+    assert (tmp_path / "runs" / "stage4_if" / "local" / "model" / "config.json").exists()
+    assert metrics["policy_dir"].endswith("model") and metrics["expert"] is None

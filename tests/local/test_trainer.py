@@ -7,14 +7,30 @@ import json
 import pytest
 import torch
 
-from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings, grpo_advantages, ppo_clipped_loss
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, grpo_advantages, ppo_clipped_loss
+from aclarena_slime.lora.config import LoraConfig
 
 
 def test_grpo_advantages_are_normalised_per_group():
     adv = grpo_advantages([1.0, 0.0, 1.0, 0.0, 0.5, 0.5], [0, 0, 0, 0, 1, 1])
-    assert adv[:4] == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-4)
+    # slime's n-1 standard deviation: rewards 1, 0, 1, 0 have std sqrt(1/3), so each is 0.5 / 0.577 away
+    assert adv[:4] == pytest.approx([0.866, -0.866, 0.866, -0.866], abs=1e-3)
     assert adv[4:] == [0.0, 0.0]  # a group with one reward teaches nothing
     assert grpo_advantages([3.0], [0]) == [0.0]
+
+
+def test_the_local_trainer_normalises_groups_as_slime_does():
+    """One GRPO normalisation: the local trainer's advantages are group_rewards' (slime's, n-1 std)."""
+    from types import SimpleNamespace
+
+    from aclarena_slime.group_rewards import GroupNormalization, normalized_rewards
+
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.3, 0.9, 0.1, 0.2, 0.4, 0.8, 0.6, 0.0]
+    groups = [0] * 8 + [1] * 8
+    samples = [SimpleNamespace(group_index=g, remove_sample=False) for g in groups]
+    assert grpo_advantages(rewards, groups) == pytest.approx(
+        normalized_rewards(samples, rewards, GroupNormalization("grpo", group_size=8)), abs=1e-9
+    )
 
 
 def test_clipped_loss_caps_the_ratio_on_the_side_the_advantage_pushes():
@@ -34,9 +50,11 @@ def test_clipped_loss_caps_the_ratio_on_the_side_the_advantage_pushes():
 @pytest.fixture
 def trainer(tiny_model_dir):
     settings = TrainSettings(lr=5e-2, micro_batch_size=2)
-    return LoraTrainer.build(
-        tiny_model_dir, settings, rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"], seed=0
-    )
+    return PolicyTrainer.build(tiny_model_dir, settings, lora(), seed=0)
+
+
+def lora():
+    return LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
 
 
 def rollout(trainer, prompt, response, reward, group, mask=None):

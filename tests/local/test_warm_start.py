@@ -17,9 +17,11 @@ from aclarena_envs.search.env import SearchEnvironment
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
+from aclarena_slime.local.records import prompt_key, stage_records
 from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
-from aclarena_slime.local.stage import prompt_key, stage_records, tokenizer_texts
-from aclarena_slime.testing.tiny_model import TinyShape, build_tiny_tokenizer
+from aclarena_slime.local.stage import tokenizer_texts
+from aclarena_slime.local.tiny_model import TinyShape, build_tiny_tokenizer
+from aclarena_slime.rollout import Budgets
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def _eot(chat: ChatTokens) -> int:
 def _replay(env, chat, records, turns_of, min_reward=1.0, budget=512):
     async def run():
         try:
-            return await demo_examples(env, chat, records, turns_of, budget, min_reward, _eot(chat))
+            return await demo_examples(env, chat, records, turns_of, Budgets(budget), min_reward, _eot(chat))
         finally:
             await env.aclose()
 
@@ -216,7 +218,7 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
 
 
 def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
-    from aclarena_slime.launcher.local_stage import local_config
+    from aclarena_slime.local.spec import local_config
     from aclarena_slime.recipes.compose import load_recipe
 
     recipes = __import__("pathlib").Path(__file__).resolve().parents[2] / "recipes"
@@ -235,7 +237,9 @@ def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
     assert retail.warm_start_steps == 0
     with pytest.warns(UserWarning, match="continues base_adapter"):
         chained = local_config(
-            load_recipe(recipes / "stage1_math.yaml", ["cluster=local", f"++cluster.local.base_adapter={tmp_path}"])
+            load_recipe(
+                recipes / "stage1_math.yaml", ["cluster=local", "lora=r16_a32", f"++cluster.local.base_adapter={tmp_path}"]
+            )
         )
     assert chained.warm_start_steps == 0
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
-from aclarena_slime.launcher.local_stage import local_config
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.launcher.services import ServiceError, is_ready, start_service, stop_service
 from aclarena_slime.launcher.stage import main
 from aclarena_slime.recipes.compose import RecipeError, load_recipe

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aclarena_slime.launcher.local_stage import local_config
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.launcher.stage import local_profile, main, normalise_overrides
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
