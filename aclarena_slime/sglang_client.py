@@ -74,9 +74,7 @@ class SGLangClient:
         assert last_error is not None
         raise last_error
 
-    async def _send(
-        self, method: str, url: str, payload: Any, timeout: aiohttp.ClientTimeout
-    ) -> tuple[int, str, str]:
+    async def _send(self, method: str, url: str, payload: Any, timeout: aiohttp.ClientTimeout) -> tuple[int, str, str]:
         if self.session is not None:
             return await _exchange(self.session, method, url, payload, self.headers, timeout)
         async with aiohttp.ClientSession() as session:

@@ -8,8 +8,8 @@ from pathlib import Path
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from aclarena_slime.evaluation.monitor import MonitorError, MonitorSettings
 from aclarena_slime.distill.balanced_source import ReplaySettings
+from aclarena_slime.evaluation.monitor import MonitorError, MonitorSettings
 from aclarena_slime.recipes.compose import RecipeError
 
 STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says

@@ -30,7 +30,6 @@ ACTIONS = ("warn", "keep", "stop")
 KEPT_DIR = "kept_adapter"  # the policy of the last check before a fall (action "keep")
 
 
-
 class MonitorError(ValueError):
     """A monitor setting that cannot work; the message names it."""
 
@@ -229,7 +228,12 @@ class StageMonitor:
 
     def report(self, rollouts: int) -> dict[str, Any]:
         """The curves, alarms, the stage's length in rollouts and the seconds spent checking."""
-        out = {**self.monitor.to_dict(), "domains": self.domains, "rollouts": rollouts, "seconds": round(self.seconds, 3)}
+        out = {
+            **self.monitor.to_dict(),
+            "domains": self.domains,
+            "rollouts": rollouts,
+            "seconds": round(self.seconds, 3),
+        }
         if self.monitor.settings.action == "keep" and self.monitor.alarms:
             out["kept_adapter"] = str(self.out / KEPT_DIR)
         return out

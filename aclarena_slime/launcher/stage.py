@@ -71,8 +71,14 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     if local_recipe is not None:
         from aclarena_slime.local.spec import local_config, local_plan
 
-        lines.append(local_plan(local_config(local_recipe)))
-        return "\n".join(lines)
+        try:
+            lines.append(local_plan(local_config(local_recipe)))
+            return "\n".join(lines)
+        except RecipeError as exc:  # say why, then show what the slime backend would run
+            lines.append(f"# the local backend cannot run this stage: {exc}; on the slime backend:")
+    elif choice.name == "local":
+        lines.append(f"# the local backend cannot run this stage: it runs RL and SFT stages, this one is kind "
+                     f"{recipe.kind!r}; on the slime backend:")  # fmt: skip
     command = compile_recipe(recipe)
     dashboard = f"http://{recipe.cluster.ray.address or 'HEAD_IP'}:{recipe.cluster.ray.dashboard_port}"
     lines.append(head_text(recipe))
@@ -154,13 +160,20 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", help="Hydra overrides, e.g. algorithm.lr=2e-6 cluster=single_8 backend=local"
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="print what will run (the exact slime command, or the local plan) and stop"
+        "--dry-run",
+        action="store_true",
+        help="print what will run (the exact slime command, or the local plan) and stop",
     )
     args = parser.parse_intermixed_args(argv)
     try:
         overrides = normalise_overrides(args.overrides)
         recipe = load_recipe(args.recipe, overrides)
-        choice = choose_backend(recipe.cluster.backend)
+        try:
+            choice = choose_backend(recipe.cluster.backend)
+        except BackendUnavailable:
+            if not (args.dry_run and recipe.cluster.backend == "slime"):
+                raise
+            choice = BackendChoice("slime", "backend=slime requested (a dry run: slime and GPUs are not needed here)")
         print(f"[stage] backend: {choice.name} ({choice.reason})", file=sys.stderr)
         local_recipe = local_profile(args.recipe, overrides, recipe) if runs_local(recipe) else None
         if args.dry_run:

@@ -83,8 +83,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None):
         raise RecipeError(
             f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
-            f"{recipe.name} is kind {recipe.kind!r}"
-            + (" without a warm-start filter" if recipe.kind == "sft" else "")
+            f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
         )
     check_honoured(recipe)
     local = dict(recipe.cluster.local)

@@ -439,9 +439,7 @@ def rollout_figures(samples: list[Sample]) -> dict[str, float]:
     }
 
 
-def prepare_model(
-    source: str, out: Path, seed: int, shape: TinyShape | None = None, texts: Sequence[str] = ()
-) -> Path:
+def prepare_model(source: str, out: Path, seed: int, shape: TinyShape | None = None, texts: Sequence[str] = ()) -> Path:
     """The model directory: the tiny model (of ``shape``, its tokenizer also trained on ``texts``) written
     into ``out/base_model``, or the user's HF directory."""
     if source == TINY_MODEL:

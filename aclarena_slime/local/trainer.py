@@ -78,7 +78,6 @@ class TrainSettings:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
 
 
-
 def grpo_advantages(rewards: Sequence[float], groups: Sequence[int]) -> list[float]:
     """Each reward minus its group's mean, over the group's n-1 standard deviation (0 for a uniform group):
     :func:`aclarena_slime.group_rewards.normalized_rewards`, slime's own normalisation."""
@@ -239,7 +238,12 @@ class PolicyTrainer:
     def sft_step(self, examples: Sequence[SftExample]) -> dict[str, float]:
         """One optimiser step of the shared SFT loss (:func:`aclarena_slime.local.sft.sft_step`) on this policy."""
         return sft_step(
-            self.model, self.optimizer, examples, self.pad_id, self.settings.micro_batch_size, self.settings.max_grad_norm
+            self.model,
+            self.optimizer,
+            examples,
+            self.pad_id,
+            self.settings.micro_batch_size,
+            self.settings.max_grad_norm,
         )
 
     def _mismatch(self, samples: Sequence[TrainSample], advantages: Sequence[float]) -> float:

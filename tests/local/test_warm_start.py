@@ -209,9 +209,12 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     assert adapter_config["base_model_name_or_path"] == warm["backbone"]  # the expert sits on the new backbone
     assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
     assert metrics["records"] == {"train": 2, "warm_start": 8, "evaluation": 2, "overlap_dropped": 0, "held_out": True}
-    before, after = metrics["eval_before"]["mean_reward"], metrics["eval_after"]["mean_reward"]
+    base, warm_reward, after = (metrics[k]["mean_reward"] for k in ("eval_before", "eval_warm_start", "eval_after"))
     line = finished_text(StageResult(0, "local", adapter=str(cfg.adapter_dir), metrics=metrics))
-    assert line.endswith(f"eval mean reward {before:.3f} -> {after:.3f}")
+    assert (
+        line.splitlines()[-1]
+        == f"held-out reward: base {base:.3f} -> warm start {warm_reward:.3f} -> trained {after:.3f}"
+    )
     # A chained stage continuing this expert loads the backbone the expert was trained on.
     chained = LocalStageConfig(env="math", output_dir=str(tmp_path / "next"), base_adapter=str(cfg.adapter_dir))
     assert chained.model_source == warm["backbone"]
@@ -231,14 +234,16 @@ def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
     with pytest.warns(UserWarning, match="no warm_start_demos for env 'retail'"):
         retail = local_config(
             load_recipe(
-                recipes / "stage3_retail.yaml", [f"paths.root={tmp_path}", "cluster=local", "cluster.local.warm_start_steps=5"]
+                recipes / "stage3_retail.yaml",
+                [f"paths.root={tmp_path}", "cluster=local", "cluster.local.warm_start_steps=5"],
             )
         )
     assert retail.warm_start_steps == 0
     with pytest.warns(UserWarning, match="continues base_adapter"):
         chained = local_config(
             load_recipe(
-                recipes / "stage1_math.yaml", ["cluster=local", "lora=r16_a32", f"++cluster.local.base_adapter={tmp_path}"]
+                recipes / "stage1_math.yaml",
+                ["cluster=local", "lora=r16_a32", f"++cluster.local.base_adapter={tmp_path}"],
             )
         )
     assert chained.warm_start_steps == 0
