@@ -230,7 +230,5 @@ def serve(engine: LocalEngine, model_path: str | Path, host: str, port: int) -> 
         engine.model.closing = True  # a request mid-decode ends with finish reason abort
 
     app.on_shutdown.append(stop_decoding)
-    print(
-        f"[serve-engine] serving {model_path} as an SGLang {SGLANG_VERSION} server at http://{host}:{port}", flush=True
-    )
+    print(f"[serve-engine] serving {model_path} as an SGLang {SGLANG_VERSION} server at http://{host}:{port}", flush=True)
     web.run_app(app, host=host, port=port, access_log=None, print=None)

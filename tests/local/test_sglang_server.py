@@ -82,14 +82,8 @@ async def test_health_generate_flush_cache_and_lora_updates(server, adapter_dir)
     for method in ("GET", "POST"):
         status, text = await call(server, method, "/flush_cache")
         assert status == 200 and text.startswith("Cache flushed.")
-    status, body = await call(
-        server, "POST", "/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapter_dir)}
-    )
-    assert status == 200 and body == {
-        "success": True,
-        "error_message": None,
-        "loaded_adapters": {"x": str(adapter_dir)},
-    }
+    status, body = await call(server, "POST", "/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapter_dir)})
+    assert status == 200 and body == {"success": True, "error_message": None, "loaded_adapters": {"x": str(adapter_dir)}}
     assert (await call(server, "GET", "/server_info"))[1]["lora_paths"] == {"x": str(adapter_dir)}
     status, body = await call(server, "POST", "/unload_lora_adapter", json={"lora_name": "x"})
     assert status == 200 and body["loaded_adapters"] == {}
@@ -107,14 +101,7 @@ async def test_health_generate_flush_cache_and_lora_updates(server, adapter_dir)
         ("POST", "/load_lora_adapter", {"json": {"lora_name": "x"}}, 400, "validation", "lora_path"),
         # A request the engine refuses: SGLang's _create_error_response, {"error": {"message"}}.
         ("POST", "/generate", {"json": {"input_ids": [1], "sampling_params": {"top_p": 0}}}, 400, "error", "top_p"),
-        (
-            "POST",
-            "/generate",
-            {"json": {"input_ids": [1], "sampling_params": {"temperature": -1}}},
-            400,
-            "error",
-            ">= 0",
-        ),
+        ("POST", "/generate", {"json": {"input_ids": [1], "sampling_params": {"temperature": -1}}}, 400, "error", ">= 0"),
         ("POST", "/generate", {"json": {"input_ids": [1], "rid": 7}}, 400, "error", "rid"),
         ("POST", "/generate", {"json": {"input_ids": [1], "lora_path": "nobody"}}, 400, "error", "not loaded"),
         ("POST", "/generate", {"json": {"input_ids": [1] * 40_000}}, 400, "error", "context"),

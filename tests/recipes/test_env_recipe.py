@@ -13,11 +13,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "template.yaml"
 
 def test_the_template_recipe_names_its_outputs_after_its_env():
     recipe = load_recipe(RECIPE, ["cluster=local", "paths.root=/r"])
-    assert (recipe.name, recipe.run_dir, recipe.data.prompt_data) == (
-        "template",
-        "/r/runs/template",
-        "/r/data/template/train.jsonl",
-    )
+    assert (recipe.name, recipe.run_dir, recipe.data.prompt_data) == ("template", "/r/runs/template", "/r/data/template/train.jsonl")
     settings = local_settings(recipe)
     assert (settings["output_dir"], settings["lora"]["adapter_name"]) == ("/r/runs/template/local", "template")
     assert settings["env_config"] == {"instruction": "Answer with the word only."}
@@ -28,7 +24,5 @@ def test_another_env_borrowing_the_recipe_gets_its_own_run_dir_and_expert():
     assert (recipe.name, recipe.run_dir) == ("mock", "/r/runs/mock")
     lora = compile_recipe(recipe).custom_config["aclarena_lora"]
     assert lora["adapter_name"] == "mock" and lora["sync_dir"].startswith("/r/runs/mock/")
-    local = local_settings(
-        load_recipe(RECIPE, ["cluster=local", "paths.root=/r", "data.env=mock", "+env_config.mock={}"])
-    )
+    local = local_settings(load_recipe(RECIPE, ["cluster=local", "paths.root=/r", "data.env=mock", "+env_config.mock={}"]))
     assert (local["output_dir"], local["lora"]["adapter_name"]) == ("/r/runs/mock/local", "mock")

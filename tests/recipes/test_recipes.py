@@ -69,9 +69,7 @@ def test_stage_recipe_compiles_to_known_flags(path: Path, tmp_path: Path):
     assert flag_value(command.train_args, "--save") == [recipe.checkpoint.save]
     env_config = command.custom_config["aclarena_env_config"]
     if recipe.kind != "sft":
-        assert flag_value(command.train_args, "--custom-generate-function-path") == [
-            "aclarena_slime.slime_edge.rollout.generate"
-        ]
+        assert flag_value(command.train_args, "--custom-generate-function-path") == ["aclarena_slime.slime_edge.rollout.generate"]
         assert recipe.data.env in env_config
     yaml.safe_dump(command.custom_config)  # plain data only
     shlex.split(command.shell("http://127.0.0.1:8265").replace("\\\n", " "))
@@ -239,15 +237,11 @@ def test_bad_lora_setting_names_it(tmp_path: Path):
 
 def test_sdft_and_mopd_reference_the_distillation_plugins(tmp_path: Path):
     _, sdft = compiled("sdft_backbone", tmp=tmp_path)
-    assert flag_value(sdft.train_args, "--data-source-path") == [
-        "aclarena_slime.slime_edge.data_source.BalancedDataSource"
-    ]
+    assert flag_value(sdft.train_args, "--data-source-path") == ["aclarena_slime.slime_edge.data_source.BalancedDataSource"]
     assert "--custom-generate-function-path" not in sdft.train_args
     assert "--advantage-estimator" not in sdft.train_args
     _, mopd = compiled("mopd", tmp=tmp_path)
-    assert flag_value(mopd.train_args, "--custom-rm-path") == [
-        "aclarena_slime.slime_edge.mopd.teacher_log_probs_reward"
-    ]
+    assert flag_value(mopd.train_args, "--custom-rm-path") == ["aclarena_slime.slime_edge.mopd.teacher_log_probs_reward"]
     assert set(mopd.custom_config["aclarena_env_config"]) == {"math", "search", "retail"}
     assert set(mopd.services) == {"retriever", "user_sim"}
 
