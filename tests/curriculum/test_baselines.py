@@ -136,3 +136,19 @@ def test_the_shipped_monitor_suite_compiles_into_slimes_eval_config(tmp_path: Pa
     assert {"math", "search", "retail"} <= set(third.env_config) and "retriever" in third.services
     argv = compile_recipe(third).train_args
     assert argv[argv.index("--eval-interval") + 1] == "25"
+
+
+def test_the_kl_anchor_section_gives_the_local_stage_its_kl_term(tmp_path: Path):
+    """The curriculum writes the same section for both backends; on the local backend the KL anchor is the
+    KL term to the policy the stage starts from (the previous stage's), so it differs from the sequential run."""
+    from aclarena_slime.curriculum.config import KlAnchorSettings
+    from aclarena_slime.curriculum.sections import anchor_overrides
+    from aclarena_slime.local.spec import local_config
+    from aclarena_slime.recipes.compose import load_recipe
+
+    base = [f"paths.root={tmp_path}", "cluster=local"]
+    source = {"name": "s1", "checkpoint": str(tmp_path / "s1" / "model")}
+    anchor = anchor_overrides(KlAnchorSettings(enabled=True, coef=0.1), source)
+    anchored = local_config(load_recipe(RECIPES / "stage4_if.yaml", [*base, *anchor]))
+    sequential = local_config(load_recipe(RECIPES / "stage4_if.yaml", base))
+    assert (anchored.kl_coef, anchored.kl_loss_type) == (0.1, "low_var_kl") and sequential.kl_coef == 0.0
