@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from aclarena_slime.agent_loop import FAILED, LoopSettings, Trajectory, run_episode
+from aclarena_slime.agent_loop import FAILED, Trajectory, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.evaluation.records import read_tasks
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED, EvalDataset, EvalSuite, SuiteError
@@ -29,6 +29,7 @@ from aclarena_slime.experts import ExpertTable, UnknownExpert
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.plugin.contract import Environment, Task
 from aclarena_slime.plugin.registry import load_factory
+from aclarena_slime.rollout import Budgets, loop_settings
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
 
 EnvFactory = Callable[[str, Mapping[str, Any]], Environment]
@@ -165,9 +166,7 @@ async def _one(
     semaphore: asyncio.Semaphore,
 ) -> dict[str, Any]:
     dataset = plan.dataset
-    loop = LoopSettings(
-        max_response_tokens=dataset.max_response_len, lora_path=plan.lora_path, max_turns=dataset.max_turns
-    )
+    loop = loop_settings(Budgets(dataset.max_response_len), {}, True, plan.lora_path, dataset.max_turns)
     async with semaphore:
         try:
             traj = await run_episode(env, task, client, chat, dataset.sampling_params(), loop)

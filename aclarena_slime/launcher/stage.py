@@ -16,7 +16,6 @@ from typing import Any
 
 from aclarena_slime.launcher.addresses import AddressError, nodes_needed, require_head_address
 from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend, runs_local
-from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
 from aclarena_slime.recipes.schema import StageRecipe
@@ -79,6 +78,8 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     elif choice.name == "local":
         lines.append(f"# the local backend cannot run this stage: it runs RL and SFT stages, this one is kind "
                      f"{recipe.kind!r}; on the slime backend:")  # fmt: skip
+    from aclarena_slime.recipes.compiler import compile_recipe
+
     command = compile_recipe(recipe)
     dashboard = f"http://{recipe.cluster.ray.address or 'HEAD_IP'}:{recipe.cluster.ray.dashboard_port}"
     lines.append(head_text(recipe))
@@ -94,24 +95,24 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
 
 def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
     """Run one composed stage on the chosen backend (no dry run)."""
+    if choice.name == "local":
+        from aclarena_slime.local.spec import run_local
+
+        out = run_local(recipe)
+        if out["full"]:  # a fully fine-tuned model: the next stage loads it as its checkpoint
+            return StageResult(
+                0, "local", checkpoint=out["policy"], hf_checkpoint=out["policy"], metrics=out["metrics"]
+            )
+        return StageResult(0, "local", adapter=out["policy"], metrics=out["metrics"])
     from aclarena_slime.launcher.services import start_service, stop_service
 
-    if choice.name == "slime":  # before anything starts: a multi-node run needs an address other nodes reach
-        require_head_address(recipe.cluster.ray.address, nodes_needed(recipe.cluster) > 1)
+    # before anything starts: a multi-node run needs an address other nodes reach
+    require_head_address(recipe.cluster.ray.address, nodes_needed(recipe.cluster) > 1)
     log_dir = Path(recipe.run_dir) / "services"
     started = []
     try:
-        for name, service in recipe.services.items() if choice.name == "slime" else ():
+        for name, service in recipe.services.items():
             started.append(start_service(name, service, log_dir))
-        if choice.name == "local":
-            from aclarena_slime.local.spec import run_local
-
-            out = run_local(recipe)
-            if out["full"]:  # a fully fine-tuned model: the next stage loads it as its checkpoint
-                return StageResult(
-                    0, "local", checkpoint=out["policy"], hf_checkpoint=out["policy"], metrics=out["metrics"]
-                )
-            return StageResult(0, "local", adapter=out["policy"], metrics=out["metrics"])
         return _run_slime(recipe)
     finally:
         for running in reversed(started):
@@ -120,6 +121,7 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
 
 def _run_slime(recipe: StageRecipe) -> StageResult:
     from aclarena_slime.launcher import ray_job
+    from aclarena_slime.recipes.compiler import compile_recipe
 
     ray = recipe.cluster.ray
     command = compile_recipe(recipe)

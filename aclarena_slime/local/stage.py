@@ -39,10 +39,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aclarena_slime.distill.dumps import episode_from_record
-from aclarena_slime.distill.sdft import MixtureSettings, build_mixture
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.experts import ExpertTable
@@ -57,6 +55,9 @@ from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens, run_sample, score_sample
+
+if TYPE_CHECKING:  # the SFT phase's filter: imported when an SFT stage runs
+    from aclarena_slime.distill.sdft import MixtureSettings
 
 
 class LocalStageError(RuntimeError):
@@ -288,6 +289,8 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
 
 def sft_filter(cfg: LocalStageConfig) -> MixtureSettings:
     """The recipe's ``aclarena_sft_filter`` as the SFT data pipeline's settings."""
+    from aclarena_slime.distill.sdft import MixtureSettings
+
     f = cfg.sft_filter
     if f is None:
         raise LocalStageError("an SFT stage needs custom.aclarena_sft_filter (min_reward, statuses, max_tokens)")
@@ -296,6 +299,9 @@ def sft_filter(cfg: LocalStageConfig) -> MixtureSettings:
 
 def keep(samples: Sequence[Sample], domain: str, settings: MixtureSettings) -> tuple[list[Sample], Any]:
     """The samples the warm-start filter keeps (the SFT data pipeline's own rules), in order."""
+    from aclarena_slime.distill.dumps import episode_from_record
+    from aclarena_slime.distill.sdft import build_mixture
+
     episodes = [episode_from_record(_dump(sample), str(i), domain) for i, sample in enumerate(samples)]
     records, report = build_mixture(episodes, settings)
     return [samples[int(record["metadata"]["origin"])] for record in records], report
