@@ -126,7 +126,11 @@ class StageRecords:
 
 def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     """Evaluation records first (``eval_data_path`` or demo records of the held-out seed), then training ones
-    (``data_path`` or the env's demo records) without the evaluation prompts, in a seeded order."""
+    (``data_path`` or the env's demo records) without the held-out prompts, in a seeded order.
+
+    Demo training records also leave out the demo records the evaluation runner and the forgetting monitor
+    check (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`), whatever the stage's seed.
+    """
     if cfg.eval_size == 0:
         evaluation: list[dict[str, Any]] = []
     elif cfg.eval_data_path:
@@ -134,6 +138,9 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     else:
         evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED)
     held_out = {prompt_key(r) for r in evaluation}
+    if not cfg.data_path and cfg.seed:  # also the held-out seed's own demo records: what the evaluation runner
+        # and the forgetting monitor of later stages check (at seed 0 they are the evaluation records above)
+        held_out |= {prompt_key(r) for r in demo_records(env, max(cfg.eval_size, 1), HELD_OUT_SEED)}
     n_train = cfg.steps * cfg.prompts_per_step
     n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
     if cfg.data_path:

@@ -181,6 +181,20 @@ def test_held_out_prompts_are_never_training_prompts(tmp_path):
     asyncio.run(env.aclose())
 
 
+def test_the_monitors_demo_prompts_are_never_training_prompts_whatever_the_seed(tmp_path):
+    """The evaluation runner and the forgetting monitor check the demo records of HELD_OUT_SEED; a stage of
+    another seed holds them out of its training records too."""
+    from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+
+    env = MathEnvironment({"workers": 1})
+    cfg = LocalStageConfig(env="math", output_dir=str(tmp_path), eval_size=16, steps=64, prompts_per_step=8, seed=5)
+    checked = {prompt_key(r) for r in env.demo_records(8, seed=HELD_OUT_SEED)}  # a monitor's demo_size
+    split = stage_records(env, cfg)
+    assert not checked & {prompt_key(r) for r in split.train}
+    assert checked & {prompt_key(r) for r in env.demo_records(512 + 16, seed=5)}  # they were in the draw
+    asyncio.run(env.aclose())
+
+
 def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     """The whole shape, small: base evaluated, SFT on gold demos, GRPO on the new backbone; the last line."""
     from aclarena_slime.launcher.stage import StageResult, finished_text
