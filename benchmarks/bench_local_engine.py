@@ -21,7 +21,8 @@ from rich.table import Table
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.stage import prepare_model
-from aclarena_slime.local.trainer import LoraTrainer, TrainSettings
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSettings
+from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.sglang_client import SGLangClient, output_tokens
 
 
@@ -38,14 +39,13 @@ async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = prepare_model(args.model, Path(tmp), seed=0)
-        trainer = LoraTrainer.build(
-            model_dir,
-            TrainSettings(),
+        lora = LoraConfig(
             rank=16,
             alpha=32,
             dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         )
+        trainer = PolicyTrainer.build(model_dir, TrainSettings(), lora)
         adapter = trainer.save(Path(tmp) / "adapter")
         engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir))
         prompt = engine.chat.prompt_ids([{"role": "user", "content": "Write a long story about numbers."}])
