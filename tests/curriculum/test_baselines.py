@@ -68,9 +68,10 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     )
     run_curriculum(path)
     data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
-    first, second = data["stages"]
-    assert first["status"] == second["status"] == "done" and second["loaded"] == first["adapter"]
-    metrics = json.loads((Path(second["adapter"]).parent / "metrics.json").read_text())
+    first, second = data["stages"]  # the sequential recipes: full fine-tuning, chained through the model folder
+    assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
+    assert Path(first["checkpoint"], "config.json").exists() and first["adapter"] is None
+    metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
     assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
     assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
     assert second["cost"]["trainer_steps"] == 2 and second["cost"]["rollout_tokens"] > 0 and second["cost"]["counted"]
@@ -107,7 +108,7 @@ def test_kl_anchor_pins_the_reference_even_where_a_recipe_names_the_base(tmp_pat
 
 
 @pytest.mark.slow
-def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path, capfd):
+def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path):
     path = tmp_path / "anchor.yaml"
     path.write_text(
         f"name: anchor_local\noutput_dir: {tmp_path / 'out'}\noverrides: [cluster=local, paths.root={tmp_path}]\n"
@@ -117,8 +118,10 @@ def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path, capfd):
     )
     run_curriculum(path)
     first, second = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
-    assert first["status"] == second["status"] == "done" and second["loaded"] == first["adapter"]
-    assert "the local backend has no KL term" in capfd.readouterr().err
+    assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
+    metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
+    assert metrics["config"]["kl_coef"] == 0.2 and metrics["config"]["backbone"] == first["checkpoint"]
+    assert all("kl" in step for step in metrics["steps"] if not step.get("skipped"))  # the KL term ran
 
 
 def test_the_shipped_monitor_suite_compiles_into_slimes_eval_config(tmp_path: Path):
