@@ -198,6 +198,11 @@ class StageMonitor:
             return None
         return cls(values, url, model_dir, adapter_name, adapter_dir)
 
+    @property
+    def keeps_policy(self) -> bool:
+        """Whether the monitor copies the policy folder at its checks (action ``keep``): it must be on disk."""
+        return self.monitor.settings.action == "keep"
+
     async def check(self, step: int) -> bool:
         """Evaluate the earlier domains after rollout ``step`` when due; true when the stage should stop."""
         if not self.monitor.due(step):

@@ -227,6 +227,9 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
         before = await evaluate(stage.context, split.evaluation, cfg, limit)
         progress.advance(task)
+        keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
+        if keep_on_disk:
+            trainer.save(cfg.policy_dir)
         if monitor:
             await monitor.check(0)
         for step in range(cfg.steps):
@@ -235,6 +238,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
             samples = await rollout_step(stage.context, records, cfg, step, limit)
             stats = await asyncio.to_thread(trainer.step, [to_train_sample(s) for s in samples if s.usable])
             await serve_policy(cfg, stage, trainer, loaded=True)  # the real backend's sync: unload, then load
+            if keep_on_disk:
+                trainer.save(cfg.policy_dir)
             steps.append(
                 {"step": step, **rollout_figures(samples), **stats, "seconds": round(time.monotonic() - t0, 3)}
             )
