@@ -61,10 +61,15 @@ class Budgets:
 
 
 def loop_settings(
-    budgets: Budgets, sampling_params: Mapping[str, Any], evaluation: bool = False, lora_path: str | None = None
+    budgets: Budgets,
+    sampling_params: Mapping[str, Any],
+    evaluation: bool = False,
+    lora_path: str | None = None,
+    max_turns: int | None = None,
 ) -> LoopSettings:
-    """The agent loop's budgets: ``sampling_params["max_new_tokens"]`` (slime's eval passes each dataset's
-    own there) wins over the run's response budget."""
+    """The agent loop's settings, the one builder every caller uses (rollout, evaluation, gold-demo replay):
+    ``sampling_params["max_new_tokens"]`` (slime's eval passes each dataset's own there) wins over the run's
+    response budget; ``max_turns`` overrides the env's own limit."""
     budget = int(sampling_params.get("max_new_tokens") or budgets.max_response_len)
     context = (budgets.eval_max_context_len if evaluation else None) or budgets.max_context_len
     return LoopSettings(
@@ -72,6 +77,7 @@ def loop_settings(
         max_turn_tokens=budget if budgets.mode == "per_turn" else None,
         max_context_tokens=int(context) if context else None,
         lora_path=lora_path,
+        max_turns=max_turns,
     )
 
 

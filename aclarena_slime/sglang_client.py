@@ -74,9 +74,7 @@ class SGLangClient:
         assert last_error is not None
         raise last_error
 
-    async def _send(
-        self, method: str, url: str, payload: Any, timeout: aiohttp.ClientTimeout
-    ) -> tuple[int, str, str]:
+    async def _send(self, method: str, url: str, payload: Any, timeout: aiohttp.ClientTimeout) -> tuple[int, str, str]:
         if self.session is not None:
             return await _exchange(self.session, method, url, payload, self.headers, timeout)
         async with aiohttp.ClientSession() as session:
@@ -119,6 +117,15 @@ class SGLangClient:
 
     async def unload_lora_adapter(self, name: str) -> Any:
         return await self.post("/unload_lora_adapter", {"lora_name": name})
+
+    async def swap_adapter(self, name: str, path: str, loaded: bool = True) -> None:
+        """Serve the adapter at ``path`` under ``name`` (``loaded``: a version of it is served now).
+
+        SGLang's protocol: a loaded name cannot be loaded again, so a new version is an unload, then a load.
+        """
+        if loaded:
+            await self.unload_lora_adapter(name)
+        await self.load_lora_adapter(name, path)
 
 
 async def _exchange(

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from aclarena_slime.launcher.local_stage import local_config
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.recipes.compose import load_recipe
 

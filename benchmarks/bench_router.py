@@ -83,7 +83,7 @@ def serve_engine(workdir: Path, delay_ms: float) -> None:
     from transformers import AutoTokenizer
 
     from aclarena_slime.testing.fake_sglang import FakeSGLang
-    from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
+    from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 
     tokenizer = AutoTokenizer.from_pretrained(save_tiny_checkpoint(workdir / "tok"))
 

@@ -66,9 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_stage_command(args: argparse.Namespace) -> int:
-    from aclarena_slime.launcher.local_stage import run_local
     from aclarena_slime.launcher.stage import local_profile, normalise_overrides
     from aclarena_slime.local.records import RecordError
+    from aclarena_slime.local.spec import run_local
     from aclarena_slime.local.stage import LocalStageError
     from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment
     from aclarena_slime.recipes.compose import RecipeError, load_recipe
@@ -87,7 +87,7 @@ def run_stage_command(args: argparse.Namespace) -> int:
     before, after = (metrics.get(k, {}).get("mean_reward") for k in ("eval_before", "eval_after"))
     print(f"{recipe.name} (env {recipe.data.env}) on the local backend: {len(metrics.get('steps', []))} steps")
     print(f"eval mean reward: {before} -> {after}")
-    print(f"adapter: {out['adapter']}")
+    print(f"{'model' if out['full'] else 'adapter'}: {out['policy']}")
     print(f"metrics: {out['output_dir']}/metrics.json")
     return 0
 

@@ -9,8 +9,8 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aclarena_slime.curriculum.distill_step import DistillStep
-from aclarena_slime.curriculum.monitor import MonitorError, MonitorSettings
 from aclarena_slime.distill.balanced_source import ReplaySettings
+from aclarena_slime.evaluation.monitor import MonitorError, MonitorSettings
 from aclarena_slime.recipes.compose import RecipeError
 
 STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says
@@ -44,7 +44,7 @@ class EvaluationConfig:
 class KlAnchorSettings:
     """The KL-anchor baseline: stage k's KL reference is the policy that ended stage k-1 (its checkpoint,
     slime's ``--ref-load``), not the base model, with its own coefficient. Stage 1 keeps its recipe's reference.
-    The local backend's trainer has no KL term: there the setting is recorded but has no effect."""
+    On the local backend the reference is the policy the stage starts from: the previous stage's."""
 
     enabled: bool = False
     coef: float = 0.1  # --kl-loss-coef (the authors' scripts use 0.01 for math/search, 0.1 for retail)

@@ -22,7 +22,6 @@ from typing import Any
 
 from aclarena_slime.curriculum.config import (
     CurriculumConfig,
-    KlAnchorSettings,
     StageEntry,
     load_curriculum,
     recipe_path,
@@ -31,9 +30,8 @@ from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
 from aclarena_slime.curriculum.lineage import check_ckpt_step
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
-from aclarena_slime.curriculum.replay import attach_replay
-from aclarena_slime.evaluation.monitor import attach_monitor
-from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
+from aclarena_slime.curriculum.sections import anchor_overrides, attach_monitor, attach_replay, lineage_overrides
+from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend, runs_local
 from aclarena_slime.launcher.hf_export import ExportError
 from aclarena_slime.launcher.ray_job import RayError, slime_head
 from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
@@ -87,31 +85,6 @@ def command_evaluator(command: list[str]) -> Evaluator:
     return evaluate
 
 
-def lineage_overrides(source: dict[str, Any] | None) -> list[str]:
-    """Hydra overrides that start a stage from ``source``'s output (a checkpoint, else an adapter)."""
-    if source is None:
-        return []
-    if source.get("checkpoint"):
-        out = [f"checkpoint.load={source['checkpoint']}"]  # ref_load follows load unless a recipe says otherwise
-        if source.get("hf_checkpoint"):  # SGLang serves the weights Megatron loads (LoRA syncs only the adapter)
-            out.append(f"model.hf_checkpoint={source['hf_checkpoint']}")
-        return out
-    if source.get("adapter"):
-        return [f"++cluster.local.base_adapter={source['adapter']}"]
-    raise CurriculumFailed(f"stage {source['name']} left neither a checkpoint nor an adapter to start from")
-
-
-def anchor_overrides(settings: KlAnchorSettings, source: dict[str, Any] | None) -> list[str]:
-    """The KL-anchor baseline's overrides: the reference is the source stage's checkpoint, with the KL loss on."""
-    if not settings.enabled:
-        return []
-    out = ["++algorithm.use_kl_loss=true", f"++algorithm.kl_loss_coef={settings.coef}",
-           f"++algorithm.kl_loss_type={settings.loss_type}"]  # fmt: skip
-    if source is not None and source.get("checkpoint"):  # explicit: a recipe pinning ref_load to the base loses
-        out.append(f"++checkpoint.ref_load={source['checkpoint']}")
-    return out
-
-
 def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source: dict[str, Any] | None) -> StageRecipe:
     """The recipe the stage runs; on the local backend with the local profile (else paper settings, services)."""
     path = recipe_path(file, entry)
@@ -131,15 +104,7 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         # names the export of its own iteration (e.g. the MLE experts on an early SDFT checkpoint).
         overrides.remove(handed)
         recipe = load_recipe(path, overrides)
-    local = recipe.kind in ("rl", "sft") and _runs_local(recipe)
-    return local_profile(str(path), overrides, recipe) if local else recipe
-
-
-def _runs_local(recipe: StageRecipe) -> bool:
-    try:
-        return choose_backend(recipe.cluster.backend).name == "local"
-    except BackendUnavailable:
-        return False  # backend=slime on a machine without it: the stage runner reports that
+    return local_profile(str(path), overrides, recipe) if runs_local(recipe) else recipe
 
 
 def slime_recipes(recipes: list[StageRecipe]) -> list[StageRecipe]:
@@ -199,17 +164,14 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
             raise CurriculumFailed(f"stage {entry.name} starts from {source_name}, which has not finished")
         recipe = stage_recipe(config, file, entry, source)
         before = config.stages[: config.stages.index(entry)]
-        local = recipe.cluster.name == "local"
-        if local and config.kl_anchor.enabled:
-            print(f"[curriculum] {entry.name}: the local backend has no KL term; kl_anchor has no effect there",
-                  file=sys.stderr)  # fmt: skip
+        local = runs_local(recipe)
         # the earlier stages' recipes lend their envs (and services) to replay and to slime's monitor eval
         needs_earlier = config.replay.enabled or (config.monitor.enabled and not local)
         earlier = [stage_recipe(config, file, e, None) for e in before] if needs_earlier else []
         attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before],
                        local, earlier)  # fmt: skip
         if config.replay.enabled:
-            attach_replay(recipe, config.replay, earlier, local)
+            attach_replay(recipe, config.replay, earlier)
         resumed = latest_iteration(adapter_checkpoint_root(recipe.checkpoint.save)) if recipe.lora.enabled else None
         if resumed is not None:
             print(f"[curriculum] {entry.name}: resuming its adapter from iteration {resumed}", file=sys.stderr)

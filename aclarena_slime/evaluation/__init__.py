@@ -1,19 +1,31 @@
-"""Evaluation: suites from YAML, a runner over any SGLang-speaking endpoint, slime's eval config."""
+"""Evaluation: suites from YAML, a runner over any SGLang-speaking endpoint, slime's eval config.
 
-from aclarena_slime.evaluation.runner import ResultsExist, RunSettings, load_experts, run_suite
-from aclarena_slime.evaluation.slime_config import slime_eval_config, write_slime_eval_config
-from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError, load_suite, parse_suite
+The names below load their module on first use, so a caller of one part (the suite format, the monitor)
+does not import the runner and its HTTP stack.
+"""
 
-__all__ = [
-    "EvalDataset",
-    "EvalSuite",
-    "ResultsExist",
-    "RunSettings",
-    "SuiteError",
-    "load_experts",
-    "load_suite",
-    "parse_suite",
-    "run_suite",
-    "slime_eval_config",
-    "write_slime_eval_config",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EvalDataset": "suite",
+    "EvalSuite": "suite",
+    "SuiteError": "suite",
+    "load_suite": "suite",
+    "parse_suite": "suite",
+    "ResultsExist": "runner",
+    "RunSettings": "runner",
+    "load_experts": "runner",
+    "run_suite": "runner",
+    "slime_eval_config": "slime_config",
+    "write_slime_eval_config": "slime_config",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -1,14 +1,17 @@
-"""The forgetting monitor inside a stage: earlier domains checked while the stage trains.
+"""The forgetting monitor: its settings, its alarm, and the check that runs inside a local stage.
 
-Local backend: :class:`StageMonitor` runs the earlier domains' datasets through the evaluation runner
-(:func:`~aclarena_slime.evaluation.runner.run_suite`) against the stage's own engine, every request
-served by the adapter being trained, and feeds the scores to the alarm
-(:class:`~aclarena_slime.curriculum.monitor.ForgettingMonitor`). Slime: :func:`attach_monitor`
-compiles the same datasets into the stage's ``--eval-config`` (slime runs them every
-``--eval-interval`` rollouts and logs them; the alarm itself runs on the local backend only).
+While stage k trains, every ``interval`` rollouts, every earlier domain is evaluated. The first score of a
+domain in the stage is its baseline (the policy the stage started from); a domain whose score falls more
+than ``max_drop`` points below that baseline raises an alarm, once per domain. ``action`` says what the
+stage does then: ``warn`` (log and metrics only), ``keep`` (also keep the policy of the last check before
+the fall) or ``stop`` (end the stage there).
 
-The local stage passes ``LocalStageConfig.monitor``: the :class:`MonitorSettings` fields plus
-``domains`` (the earlier env tags, in training order); an empty mapping is no monitor.
+:class:`ForgettingMonitor` is the alarm (plain logic, no I/O). :class:`StageMonitor` runs the earlier
+domains' datasets through the evaluation runner (:func:`~aclarena_slime.evaluation.runner.run_suite`)
+against a served engine, every request served by the adapter being trained; the local backend's runner
+drives it. On slime, :func:`monitor_suite` gives the datasets the curriculum compiles into the stage's
+``--eval-config`` (slime runs them every ``--eval-interval`` rollouts; the alarm runs on the local backend
+only). The curriculum writes the section (:func:`aclarena_slime.curriculum.sections.attach_monitor`).
 """
 
 from __future__ import annotations
@@ -16,15 +19,127 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.curriculum.monitor import ForgettingMonitor, MonitorSettings
 from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError, load_suite
 
+ACTIONS = ("warn", "keep", "stop")
 KEPT_DIR = "kept_adapter"  # the policy of the last check before a fall (action "keep")
+
+
+class MonitorError(ValueError):
+    """A monitor setting that cannot work; the message names it."""
+
+
+@dataclass
+class MonitorSettings:
+    """The ``monitor:`` section of a curriculum (copied into each stage that has earlier domains)."""
+
+    enabled: bool = False
+    interval: int = 1  # rollouts between two checks (slime: --eval-interval)
+    max_drop: float = 5.0  # accuracy points below the stage's starting score that raise the alarm
+    action: str = "warn"  # warn | keep | stop
+    # Eval suite with the earlier domains' datasets (relative to the curriculum file). None: each earlier
+    # env's generated demo records (``demo_size`` of them) — the local backend only; slime needs data files.
+    suite: str | None = None
+    services: dict[str, str] = field(default_factory=dict)  # the suite's ``services`` (e.g. retriever_url)
+    demo_size: int = 8
+    max_response_len: int = 64  # token budget of a demo-record check
+    # env tag -> settings merged over each checked dataset's env settings; ``{local_engine}`` and
+    # ``{local_model}`` name the stage's engine (e.g. a user simulator served by it)
+    env_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
+            raise MonitorError(f"monitor.interval must be a positive integer, got {self.interval!r}")
+        if self.max_drop < 0:
+            raise MonitorError(f"monitor.max_drop must be >= 0 (accuracy points), got {self.max_drop!r}")
+        if self.action not in ACTIONS:
+            raise MonitorError(f"monitor.action must be one of {', '.join(ACTIONS)}, got {self.action!r}")
+        if self.demo_size < 1 or self.max_response_len < 1:
+            raise MonitorError("monitor.demo_size and monitor.max_response_len must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> MonitorSettings:
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise MonitorError(f"unknown monitor settings: {', '.join(unknown)}")
+        return cls(**dict(values))
+
+
+@dataclass(frozen=True)
+class Alarm:
+    domain: str
+    step: int  # the rollout after which the fall was seen
+    baseline: float
+    score: float
+    kept_step: int | None  # the last check before the fall (the policy ``keep`` saves)
+
+    @property
+    def drop(self) -> float:
+        return self.baseline - self.score
+
+    def message(self) -> str:
+        return (
+            f"forgetting alarm: {self.domain} fell {self.drop:.1f} points "
+            f"({self.baseline:.1f} -> {self.score:.1f}) by rollout {self.step}"
+        )
+
+
+@dataclass
+class ForgettingMonitor:
+    """Per-domain curves of one stage and the alarms raised on them."""
+
+    settings: MonitorSettings
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    alarms: list[Alarm] = field(default_factory=list)
+    last_quiet_step: int | None = None  # the last check at which no domain had fallen
+    last_step: int | None = None
+
+    def due(self, step: int) -> bool:
+        """Check after rollout ``step`` (0 = before the first one: the baseline)."""
+        return step % self.settings.interval == 0
+
+    def baseline(self, domain: str) -> float | None:
+        curve = self.curves.get(domain)
+        return curve[0][1] if curve else None
+
+    def observe(self, step: int, scores: Mapping[str, float]) -> list[Alarm]:
+        """Record ``scores`` (domain -> accuracy in points) seen after rollout ``step``; return new alarms."""
+        if self.last_step is not None and step <= self.last_step:
+            raise MonitorError(f"monitor steps must increase; got {step} after {self.last_step}")
+        self.last_step = step
+        new: list[Alarm] = []
+        fallen = {a.domain for a in self.alarms}
+        for domain, score in scores.items():
+            curve = self.curves.setdefault(domain, [])
+            curve.append((step, float(score)))
+            base = curve[0][1]
+            if domain not in fallen and base - float(score) > self.settings.max_drop:
+                new.append(Alarm(domain, step, base, float(score), self.last_quiet_step))
+        if not new and not fallen:
+            self.last_quiet_step = step
+        self.alarms += new
+        return new
+
+    @property
+    def should_stop(self) -> bool:
+        return self.settings.action == "stop" and bool(self.alarms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What goes into the stage's metrics (and the curriculum manifest, for the report's plot)."""
+        return {
+            "settings": self.settings.to_dict(),
+            "curves": {d: [[s, v] for s, v in c] for d, c in self.curves.items()},
+            "alarms": [{**asdict(a), "drop": round(a.drop, 3)} for a in self.alarms],
+            "stopped": self.should_stop,
+        }
 
 
 def monitor_suite(
@@ -60,21 +175,14 @@ class StageMonitor:
     """Checks the earlier domains of a local stage; ``check`` after every rollout, true when to stop."""
 
     def __init__(
-        self,
-        values: Mapping[str, Any],
-        url: str,
-        served_name: str,
-        model_dir: Path,
-        adapter_name: str,
-        adapter_dir: Path,
+        self, values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, adapter_dir: Path
     ) -> None:
-        from aclarena_slime.local.stage import bind_engine
-
+        """``values``: :class:`MonitorSettings` fields plus ``domains``, their env settings bound to the engine
+        at ``url`` already (the backend fills its placeholders)."""
         values = dict(values)
         self.domains = [str(d) for d in values.pop("domains", [])]
         self.monitor = ForgettingMonitor(MonitorSettings.from_mapping(values))
-        env_config = bind_engine(self.monitor.settings.env_config, url, served_name)
-        self.suite = monitor_suite(self.monitor.settings, self.domains, env_config)
+        self.suite = monitor_suite(self.monitor.settings, self.domains, self.monitor.settings.env_config)
         self.url, self.model_dir = url, model_dir
         self.adapter_name, self.adapter_dir = adapter_name, Path(adapter_dir)
         self.out = self.adapter_dir.parent / "monitor"
@@ -82,12 +190,18 @@ class StageMonitor:
         self._tokenizer: Any = None
 
     @classmethod
-    def for_stage(cls, cfg: Any, url: str, model_dir: Path, adapter_dir: Path) -> StageMonitor | None:
+    def for_stage(
+        cls, values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, adapter_dir: Path
+    ) -> StageMonitor | None:
         """None when the stage has no monitor (disabled, or no earlier domain)."""
-        values = dict(getattr(cfg, "monitor", None) or {})
         if not values.get("enabled") or not values.get("domains"):
             return None
-        return cls(values, url, cfg.served_name, model_dir, cfg.expert_name, adapter_dir)
+        return cls(values, url, model_dir, adapter_name, adapter_dir)
+
+    @property
+    def keeps_policy(self) -> bool:
+        """Whether the monitor copies the policy folder at its checks (action ``keep``): it must be on disk."""
+        return self.monitor.settings.action == "keep"
 
     async def check(self, step: int) -> bool:
         """Evaluate the earlier domains after rollout ``step`` when due; true when the stage should stop."""
@@ -102,7 +216,9 @@ class StageMonitor:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        experts = ExpertTable.from_mapping({tag: self.adapter_name for tag in self.domains})
+        experts = (  # None: the engine's own weights are the policy (full fine-tuning)
+            ExpertTable.from_mapping({tag: self.adapter_name for tag in self.domains}) if self.adapter_name else None
+        )
         settings = RunSettings(out_dir=self.out / f"rollout_{step:05d}", stage=f"rollout {step}", concurrency=8)
         summary = await run_suite(self.suite, SGLangClient(self.url), self._tokenizer, settings, experts)
         alarms = self.monitor.observe(step, summary["domains"])
@@ -117,46 +233,12 @@ class StageMonitor:
 
     def report(self, rollouts: int) -> dict[str, Any]:
         """The curves, alarms, the stage's length in rollouts and the seconds spent checking."""
-        out = {**self.monitor.to_dict(), "domains": self.domains, "rollouts": rollouts, "seconds": round(self.seconds, 3)}
+        out = {
+            **self.monitor.to_dict(),
+            "domains": self.domains,
+            "rollouts": rollouts,
+            "seconds": round(self.seconds, 3),
+        }
         if self.monitor.settings.action == "keep" and self.monitor.alarms:
             out["kept_adapter"] = str(self.out / KEPT_DIR)
         return out
-
-
-def attach_monitor(
-    recipe: Any, settings: MonitorSettings, domains: list[str], local: bool, earlier: Sequence[Any] = ()
-) -> Any:
-    """Give a stage recipe its monitor over ``domains`` (the earlier env tags); returns the recipe.
-
-    Local: ``cluster.local.monitor``. Slime: an ``--eval-config`` beside the stage's outputs holding the
-    stage's own eval datasets and the earlier domains', run every ``interval`` rollouts; the ``earlier``
-    stage recipes lend their env settings and services, so slime's eval can run their envs.
-    """
-    domains = [d for d in dict.fromkeys(domains) if d and d != recipe.data.env]
-    if not settings.enabled or not domains:
-        return recipe
-    if local:
-        recipe.cluster.local["monitor"] = {**settings.to_dict(), "domains": domains}
-        return recipe
-    import yaml
-
-    own = tuple(
-        EvalDataset(name=name, env=recipe.data.env, path=path, max_response_len=recipe.rollout.rollout_max_response_len)
-        for name, path in recipe.data.eval_prompt_data.items()
-    )
-    if not settings.suite:
-        raise SuiteError("monitor.suite is required on the slime backend: its eval config reads data files")
-    watched = monitor_suite(settings, domains, slime=True)
-    from aclarena_slime.curriculum.replay import adopt_envs
-
-    adopt_envs(recipe, [r for r in earlier if r.data.env in domains])
-    from aclarena_slime.evaluation.slime_config import slime_eval_config
-
-    config = slime_eval_config(EvalSuite("monitor", own + watched.datasets), recipe.paths.data)
-    path = Path(recipe.run_dir) / "monitor_eval_config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    recipe.data.eval_prompt_data = {}  # slime reads --eval-config instead; the stage's own sets are in it
-    recipe.extra["eval_config"] = str(path)
-    recipe.extra["eval_interval"] = settings.interval
-    return recipe

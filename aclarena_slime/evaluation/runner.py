@@ -20,20 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from aclarena_slime.agent_loop import FAILED, LoopSettings, Trajectory, run_episode
+from aclarena_slime.agent_loop import FAILED, Trajectory, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.evaluation.records import read_tasks
-from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError
+from aclarena_slime.evaluation.suite import HELD_OUT_SEED, EvalDataset, EvalSuite, SuiteError
 from aclarena_slime.evaluation.summary import build_summary, latest_by_key, summarize_dataset
 from aclarena_slime.experts import ExpertTable, UnknownExpert
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.plugin.contract import Environment, Task
 from aclarena_slime.plugin.registry import get_environment
+from aclarena_slime.rollout import Budgets, loop_settings
 from aclarena_slime.sglang_client import SGLangClient, SGLangError
 
 SAMPLES_DIR = "samples"
 SUMMARY_FILE = "summary.json"
-DEMO_SEED = 1234  # demo eval records differ from the local backend's training draw (seed 0)
 
 
 class ResultsExist(FileExistsError):
@@ -125,7 +125,7 @@ async def load_experts(client: SGLangClient, experts: ExpertTable) -> list[str]:
 
 def _plan(dataset: EvalDataset, settings: RunSettings, experts: ExpertTable | None, env: Environment) -> _Plan:
     if dataset.demo:
-        records = env.demo_records(min(dataset.demo, dataset.limit or dataset.demo), seed=DEMO_SEED)
+        records = env.demo_records(min(dataset.demo, dataset.limit or dataset.demo), seed=HELD_OUT_SEED)
         tasks = [Task(r["prompt"], r.get("label"), {**r.get("metadata", {}), "env": dataset.env}) for r in records]
     else:
         tasks = read_tasks(dataset.resolved_path(settings.data_root), dataset.env, dataset.limit)
@@ -156,9 +156,7 @@ async def _one(
     semaphore: asyncio.Semaphore,
 ) -> dict[str, Any]:
     dataset = plan.dataset
-    loop = LoopSettings(
-        max_response_tokens=dataset.max_response_len, lora_path=plan.lora_path, max_turns=dataset.max_turns
-    )
+    loop = loop_settings(Budgets(dataset.max_response_len), {}, True, plan.lora_path, dataset.max_turns)
     async with semaphore:
         try:
             traj = await run_episode(env, task, client, chat, dataset.sampling_params(), loop)

@@ -37,6 +37,11 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
+# The seed of held-out demo records: a ``demo`` dataset draws the env's demo records at this seed, and a local
+# stage of seed s holds out those of seed s + HELD_OUT_SEED (its training records are drawn at seed s). At the
+# default seed 0 the evaluation, the forgetting monitor and the local stage hold out the same prompts.
+HELD_OUT_SEED = 10_007
+
 
 class SuiteError(ValueError):
     """A suite file is malformed; the message names the file and the offending key."""

@@ -6,6 +6,9 @@ import importlib.util
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Any
+
+LOCAL_KINDS = ("rl", "sft")  # the stage kinds the local backend runs (aclarena_slime.local.spec)
 
 
 @dataclass(frozen=True)
@@ -50,3 +53,17 @@ def choose_backend(requested: str, has_slime: bool | None = None, gpus: int | No
 
 class BackendUnavailable(RuntimeError):
     pass
+
+
+def runs_local(recipe: Any) -> bool:
+    """Whether the local backend runs ``recipe`` here: the one predicate the launcher and the curriculum share.
+
+    A kind the local backend cannot run at all (e.g. SDFT) goes to slime; ``backend=slime`` on a machine
+    without it is not local either (running it reports what is missing).
+    """
+    if recipe.kind not in LOCAL_KINDS:
+        return False
+    try:
+        return choose_backend(recipe.cluster.backend).name == "local"
+    except BackendUnavailable:
+        return False

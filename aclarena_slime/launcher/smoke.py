@@ -514,7 +514,7 @@ def _leftovers(started: list[Any]) -> list[int]:
 
 def _local_settings(settings: SmokeSettings) -> dict[str, Any]:
     """The recipe's local profile (model, env config for demo records): what the local backend would use."""
-    from aclarena_slime.launcher.local_stage import local_settings
+    from aclarena_slime.local.spec import local_settings
 
     overrides = [o for o in settings.overrides if not o.startswith("cluster=")]
     return local_settings(load_recipe(settings.recipe, ["cluster=local", *overrides]))

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend
+from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend, runs_local
 from aclarena_slime.launcher.hf_export import ExportError, ensure_export, export_argv
 from aclarena_slime.recipes.addresses import AddressError, nodes_needed, require_head_address
-from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
 from aclarena_slime.recipes.schema import StageRecipe
@@ -69,9 +68,23 @@ def head_text(recipe: StageRecipe) -> str:
 
 
 def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: StageRecipe | None = None) -> str:
+    """What will run: the local plan (the stage's resolved settings) or the exact slime command."""
+    lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
+    if local_recipe is not None:
+        from aclarena_slime.local.spec import local_config, local_plan
+
+        try:
+            lines.append(local_plan(local_config(local_recipe)))
+            return "\n".join(lines)
+        except RecipeError as exc:  # say why, then show what the slime backend would run
+            lines.append(f"# the local backend cannot run this stage: {exc}; on the slime backend:")
+    elif choice.name == "local":
+        lines.append(f"# the local backend cannot run this stage: it runs RL and SFT stages, this one is kind "
+                     f"{recipe.kind!r}; on the slime backend:")  # fmt: skip
+    from aclarena_slime.recipes.compiler import compile_recipe
+
     command = compile_recipe(recipe)
     dashboard = f"http://{recipe.cluster.ray.address or 'HEAD_IP'}:{recipe.cluster.ray.dashboard_port}"
-    lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
     lines.append(head_text(recipe))
     if recipe.checkpoint.ckpt_step is not None:
         argv = export_argv(recipe, recipe.model.hf_checkpoint)
@@ -83,36 +96,32 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     lines.append(f"# {command.custom_config_path}:")
     lines += ["#   " + line for line in json.dumps(command.custom_config, indent=2).splitlines()]
     lines.append(command.shell(dashboard))
-    if choice.name == "local":
-        from aclarena_slime.launcher.local_stage import local_settings
-
-        try:
-            settings = local_settings(local_recipe or recipe)
-            lines.append(f"# local backend settings: {json.dumps(settings, default=str)}")
-        except RecipeError as exc:
-            lines.append(f"# {exc}: this stage needs the slime backend")
     return "\n".join(lines)
 
 
 def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
     """Run one composed stage on the chosen backend (no dry run)."""
+    if choice.name == "local":
+        from aclarena_slime.local.spec import run_local
+
+        out = run_local(recipe)
+        if out["full"]:  # a fully fine-tuned model: the next stage loads it as its checkpoint
+            return StageResult(
+                0, "local", checkpoint=out["policy"], hf_checkpoint=out["policy"], metrics=out["metrics"]
+            )
+        return StageResult(0, "local", adapter=out["policy"], metrics=out["metrics"])
     from aclarena_slime.launcher.services import start_service, stop_service
 
-    if choice.name == "slime":  # before anything starts: a multi-node run needs an address other nodes reach
-        require_head_address(recipe.cluster.ray.address, nodes_needed(recipe.cluster) > 1)
-        done = ensure_export(recipe)  # the weights SGLang serves, unpadded, before any engine starts
-        if done:
-            print(f"[stage] {done}", file=sys.stderr)
+    # before anything starts: a multi-node run needs an address other nodes reach
+    require_head_address(recipe.cluster.ray.address, nodes_needed(recipe.cluster) > 1)
+    done = ensure_export(recipe)  # the weights SGLang serves, unpadded, before any engine starts
+    if done:
+        print(f"[stage] {done}", file=sys.stderr)
     log_dir = Path(recipe.run_dir) / "services"
     started = []
     try:
-        for name, service in recipe.services.items() if choice.name == "slime" else ():
+        for name, service in recipe.services.items():
             started.append(start_service(name, service, log_dir))
-        if choice.name == "local":
-            from aclarena_slime.launcher.local_stage import run_local
-
-            out = run_local(recipe)
-            return StageResult(0, "local", checkpoint=None, adapter=out["adapter"], metrics=out["metrics"])
         return _run_slime(recipe)
     finally:
         for running in reversed(started):
@@ -121,6 +130,7 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
 
 def _run_slime(recipe: StageRecipe) -> StageResult:
     from aclarena_slime.launcher import ray_job
+    from aclarena_slime.recipes.compiler import compile_recipe
 
     ray = recipe.cluster.ray
     command = compile_recipe(recipe)
@@ -159,18 +169,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. algorithm.lr=2e-6 cluster=single_8 backend=local"
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the exact slime command and stop")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what will run (the exact slime command, or the local plan) and stop",
+    )
     args = parser.parse_intermixed_args(argv)
     try:
         overrides = normalise_overrides(args.overrides)
         recipe = load_recipe(args.recipe, overrides)
-        choice = choose_backend(recipe.cluster.backend)
+        try:
+            choice = choose_backend(recipe.cluster.backend)
+        except BackendUnavailable:
+            if not (args.dry_run and recipe.cluster.backend == "slime"):
+                raise
+            choice = BackendChoice("slime", "backend=slime requested (a dry run: slime and GPUs are not needed here)")
         print(f"[stage] backend: {choice.name} ({choice.reason})", file=sys.stderr)
-        local_recipe = (
-            local_profile(args.recipe, overrides, recipe)
-            if choice.name == "local" and recipe.kind in ("rl", "sft")
-            else None
-        )
+        local_recipe = local_profile(args.recipe, overrides, recipe) if runs_local(recipe) else None
         if args.dry_run:
             print(dry_run_text(recipe, choice, local_recipe))
             return 0
@@ -191,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def finished_text(result: StageResult) -> str:
-    """One closing line: where the outputs are and, on the local backend, the reward before and after."""
+    """The closing lines: where the outputs are and, on the local backend, the held-out reward last
+    (``held-out reward: base X -> warm start Y -> trained Z``; no warm start: ``base X -> trained Z``)."""
     parts = [f"[stage] {result.backend} stage finished with status {result.status}"]
     if result.message:
         parts.append(result.message)
@@ -199,12 +215,17 @@ def finished_text(result: StageResult) -> str:
         parts.append(f"adapter (PEFT): {result.adapter}")
     if result.checkpoint:
         parts.append(f"checkpoint: {result.checkpoint}")
-    if result.hf_checkpoint:
+    if result.hf_checkpoint and result.hf_checkpoint != result.checkpoint:
         parts.append(f"HF export: {result.hf_checkpoint}")
-    before, after = (result.metrics.get(k, {}).get("mean_reward") for k in ("eval_before", "eval_after"))
-    if before is not None and after is not None:
-        parts.append(f"eval mean reward {before:.3f} -> {after:.3f}")
-    return "; ".join(parts)
+    text = "; ".join(parts)
+    rewards = [
+        (label, (result.metrics.get(key) or {}).get("mean_reward"))
+        for label, key in (("base", "eval_before"), ("warm start", "eval_warm_start"), ("trained", "eval_after"))
+        if key in result.metrics
+    ]
+    if rewards and all(value is not None for _, value in rewards):
+        text += "\nheld-out reward: " + " -> ".join(f"{label} {value:.3f}" for label, value in rewards)
+    return text
 
 
 if __name__ == "__main__":

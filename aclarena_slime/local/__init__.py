@@ -1,7 +1,7 @@
-"""The ``local`` backend: a whole RL stage on a CPU, no slime and no GPU.
+"""The ``local`` backend: a stage recipe on a CPU, no slime and no GPU (its scope: docs/notes-local-backend.md).
 
-An embedded engine (:mod:`.engine`) speaks the SGLang subset our rollout uses, a small LoRA
-policy-gradient trainer (:mod:`.trainer`) updates one adapter, and :func:`.stage.run_stage` ties them
-together from a :class:`.config.LocalStageConfig`. For plugin authors, smoke tests and CI; not meant
-to scale.
+:mod:`.spec` maps the recipe onto :class:`.config.LocalStageConfig` and refuses what the backend cannot
+run; :func:`.stage.run_stage` is the one runner (warm start, SFT or GRPO; a LoRA expert or full
+fine-tuning, with the KL term when the recipe asks) over the embedded engine (:mod:`.engine`) and the
+shared rollout. For plugin authors, smoke tests, CI and the study in miniature; not meant to scale.
 """

@@ -1,6 +1,6 @@
 """The settings of one local stage: one typed dataclass, validated on construction.
 
-:func:`aclarena_slime.launcher.local_stage.local_config` maps a stage recipe onto
+:func:`aclarena_slime.local.spec.local_config` maps a stage recipe onto
 :class:`LocalStageConfig` (the recipe's own sections, plus ``cluster.local`` for the backend's own
 settings); the stage runner (:func:`aclarena_slime.local.stage.run_stage`) is its only reader.
 """
@@ -16,6 +16,10 @@ from typing import Any
 from aclarena_slime.lora.config import LoraConfig, LoraConfigError
 from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.rollout import RESPONSE_BUDGETS
+from aclarena_slime.slime_edge.custom import SftFilterSettings
+
+KINDS = ("rl", "sft")  # GRPO (after an optional warm start), or an SFT warm-start stage
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")  # slime's --kl-loss-type
 
 TINY_MODEL = "tiny"
 
@@ -52,7 +56,8 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class LocalStageConfig:
-    """One RL stage on the local backend: env, data, model, GRPO/PPO step, LoRA, outputs.
+    """One stage on the local backend: env, data, model, the phases (warm start, SFT or GRPO), LoRA or full
+    fine-tuning, the KL term, outputs.
 
     ``model`` is ``"tiny"`` (a Qwen3-shaped model built in-process, no download) or a Hugging Face
     model directory. ``data_path=None`` uses the env's generated ``demo_records``; the evaluation
@@ -71,6 +76,15 @@ class LocalStageConfig:
 
     env: str
     output_dir: str
+    kind: str = "rl"  # rl: GRPO (after the warm start, if any); sft: teacher rollouts, filter, SFT
+    sft_filter: SftFilterSettings | None = None  # kind "sft": which teacher rollouts are kept (the recipe's)
+    sft_epochs: int = 1  # kind "sft": SFT steps over the kept rollouts
+    full_finetune: bool = False  # lora.enabled=false: every parameter trains (lora is then unused)
+    kl_coef: float = 0.0  # > 0: the KL term to the policy the stage started from (algorithm.use_kl_loss)
+    kl_loss_type: str = "low_var_kl"
+    weight_decay: float = 0.0  # AdamW's
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
     env_config: Mapping[str, Any] = field(default_factory=dict)
     data_path: str | None = None
     eval_data_path: str | None = None
@@ -108,7 +122,7 @@ class LocalStageConfig:
     # The forgetting monitor (aclarena_slime.evaluation.monitor): MonitorSettings fields plus ``domains``,
     # the earlier env tags; the curriculum fills it. Empty: no monitor.
     monitor: Mapping[str, Any] = field(default_factory=dict)
-    # The replay baseline (aclarena_slime.curriculum.replay): ReplaySettings fields plus ``domains`` and their
+    # The replay baseline (aclarena_slime.local.records.replay_mixture): ReplaySettings fields plus ``domains`` and their
     # ``env_config``; the curriculum fills it. Empty: the stage's own records only.
     replay: Mapping[str, Any] = field(default_factory=dict)
     warm_start_steps: int = 0  # 0: no warm start
@@ -141,6 +155,7 @@ class LocalStageConfig:
             "tiny_vocab_size",
             "tiny_hidden_size",
             "tiny_layers",
+            "sft_epochs",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -181,6 +196,7 @@ class LocalStageConfig:
             raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")
         self._check_warm_start()
         self.engine_settings  # noqa: B018 - validates the engine's settings now, naming the bad one
+        self._check_policy()
         if not isinstance(self.env_config, Mapping):
             raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")
 
@@ -199,6 +215,33 @@ class LocalStageConfig:
             )
         if self.warm_start_lr <= 0:
             raise LocalConfigError(f"warm_start_lr must be positive, got {self.warm_start_lr!r}")
+
+    def _check_policy(self) -> None:
+        if self.kind not in KINDS:
+            raise LocalConfigError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if isinstance(self.sft_filter, Mapping):
+            try:
+                object.__setattr__(self, "sft_filter", SftFilterSettings(**dict(self.sft_filter)))
+            except (TypeError, ValueError) as exc:
+                raise LocalConfigError(f"sft_filter: {exc}") from exc
+        if self.kind == "sft" and self.sft_filter is None:
+            raise LocalConfigError("kind 'sft' needs sft_filter (the recipe's custom.aclarena_sft_filter)")
+        if self.kl_coef < 0:
+            raise LocalConfigError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.kl_loss_type not in KL_TYPES:
+            raise LocalConfigError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
+        if self.weight_decay < 0 or not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+            raise LocalConfigError(
+                f"AdamW needs weight_decay >= 0 and betas in [0, 1), got {self.weight_decay!r}, "
+                f"({self.adam_beta1!r}, {self.adam_beta2!r})"
+            )
+        if self.full_finetune and self.base_adapter:
+            raise LocalConfigError("full fine-tuning continues a model folder (backbone), not base_adapter")
+
+    @property
+    def policy_dir(self) -> Path:
+        """Where the trained policy goes: the adapter (a PEFT folder), or the fully fine-tuned model."""
+        return Path(self.output_dir) / "model" if self.full_finetune else self.adapter_dir
 
     @property
     def engine_settings(self) -> EngineSettings:
@@ -241,6 +284,7 @@ class LocalStageConfig:
         out["monitor"] = dict(self.monitor)
         out["replay"] = dict(self.replay)
         out["lora"] = self.lora.to_dict()
+        out["sft_filter"] = asdict(self.sft_filter) if self.sft_filter is not None else None
         return out
 
     @classmethod

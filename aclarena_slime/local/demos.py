@@ -21,10 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aclarena_slime.agent_loop import COMPLETED, LoopSettings, run_episode
+from aclarena_slime.agent_loop import COMPLETED, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.local.sft import SftExample
 from aclarena_slime.plugin.contract import Environment, Task
+from aclarena_slime.rollout import Budgets, loop_settings
 
 DemoTurns = Callable[[dict[str, Any]], list[str]]
 
@@ -98,7 +99,7 @@ async def replay_examples(
     env: Environment,
     chat: ChatTokens,
     demos: Sequence[tuple[dict[str, Any], Sequence[str]]],
-    max_response_tokens: int,
+    budgets: Budgets,
     min_reward: float,
     end_of_turn: int,
 ) -> tuple[list[SftExample], ReplayReport]:
@@ -107,7 +108,7 @@ async def replay_examples(
     async def one(record: dict[str, Any], turns: Sequence[str]) -> Any:
         task = Task(prompt=record["prompt"], label=record.get("label"), metadata=dict(record.get("metadata") or {}))
         client = ScriptedClient(chat, turns, end_of_turn)
-        return await run_episode(env, task, client, chat, {}, LoopSettings(max_response_tokens=max_response_tokens))
+        return await run_episode(env, task, client, chat, {}, loop_settings(budgets, {}))
 
     trajectories = await asyncio.gather(*(one(record, turns) for record, turns in demos))
     examples: list[SftExample] = []
@@ -137,10 +138,10 @@ async def demo_examples(
     chat: ChatTokens,
     records: Sequence[dict[str, Any]],
     turns_of: DemoTurns,
-    max_response_tokens: int,
+    budgets: Budgets,
     min_reward: float,
     end_of_turn: int,
 ) -> tuple[list[SftExample], ReplayReport]:
     """SFT examples from the env's gold demo trajectories for ``records`` (see the module docstring)."""
     demos = [(record, list(turns_of(record))) for record in records]
-    return await replay_examples(env, chat, demos, max_response_tokens, min_reward, end_of_turn)
+    return await replay_examples(env, chat, demos, budgets, min_reward, end_of_turn)

@@ -1,19 +1,30 @@
-"""Dataset records for a local stage, turned into the slime-shaped samples the rollout functions fill.
+"""The records of a local stage: read, split into training and held-out, mixed for replay, made into samples.
 
 Records are slime JSONL (``prompt``, ``label``, ``metadata.env``) read from a file, or the env's
-generated ``demo_records`` when no file is named (no downloads).
+generated ``demo_records`` when no file is named (no downloads). Env settings may name the engine
+(:func:`bind_engine`); the replay baseline's mixture (:func:`replay_mixture`) uses the same balancer and
+weights as slime's balanced data source.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from aclarena_slime.distill.balanced_source import DomainBalancer, ReplaySettings, replay_weights
+from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.jsonl import JsonlError, iter_jsonl
 from aclarena_slime.plugin.contract import Environment
+from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sample import Sample
+
+if TYPE_CHECKING:
+    from aclarena_slime.local.config import LocalStageConfig
 
 
 class RecordError(ValueError):
@@ -69,3 +80,131 @@ def new_sample(record: dict[str, Any], group: int, index: int) -> Sample:
         label=record.get("label"),
         metadata=json.loads(json.dumps(record["metadata"])),  # a private copy: the rollout writes into it
     )
+
+
+def bind_engine(config: Mapping[str, Any], url: str, served_name: str) -> dict[str, Any]:
+    """``config`` with the engine placeholders in its strings replaced (nested too): ``{local_engine}`` by the
+    engine's base URL, ``{local_model}`` by its served model name (e.g. a user simulator served by it)."""
+
+    def bind(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace("{local_engine}", url).replace("{local_model}", served_name)
+        if isinstance(value, Mapping):
+            return {k: bind(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [bind(v) for v in value]
+        return value
+
+    return bind(dict(config))
+
+
+@dataclass(frozen=True)
+class StageRecords:
+    """The stage's records: RL (or SFT teacher) prompts, warm-start prompts and held-out evaluation prompts.
+
+    No training record (RL or warm start) shares a prompt with an evaluation record: those found in
+    the training source are dropped and counted in ``overlap_dropped``. Only when that would leave
+    nothing to train on (an env with a handful of prompts) are they kept, with a warning and
+    ``held_out`` False.
+    """
+
+    train: list[dict[str, Any]]
+    warm_start: list[dict[str, Any]]
+    evaluation: list[dict[str, Any]]
+    overlap_dropped: int
+    held_out: bool = True  # False: no training prompt was left once the evaluation prompts were taken out
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "train": len(self.train),
+            "warm_start": len(self.warm_start),
+            "evaluation": len(self.evaluation),
+            "overlap_dropped": self.overlap_dropped,
+            "held_out": self.held_out,
+        }
+
+
+def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
+    """Evaluation records first (``eval_data_path`` or demo records of the held-out seed), then training ones
+    (``data_path`` or the env's demo records) without the held-out prompts, in a seeded order.
+
+    Demo training records also leave out the demo records the evaluation runner and the forgetting monitor
+    check (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`), whatever the stage's seed.
+    """
+    if cfg.eval_size == 0:
+        evaluation: list[dict[str, Any]] = []
+    elif cfg.eval_data_path:
+        evaluation = read_jsonl(cfg.eval_data_path, cfg.env)[: cfg.eval_size]
+    else:
+        evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED)
+    held_out = {prompt_key(r) for r in evaluation}
+    if not cfg.data_path and cfg.seed:  # also the held-out seed's own demo records: what the evaluation runner
+        # and the forgetting monitor of later stages check (at seed 0 they are the evaluation records above)
+        held_out |= {prompt_key(r) for r in demo_records(env, max(cfg.eval_size, 1), HELD_OUT_SEED)}
+    n_train = cfg.steps * cfg.prompts_per_step
+    n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
+    if cfg.data_path:
+        source = read_jsonl(cfg.data_path, cfg.env)
+    else:  # enough demo records that dropping the held-out prompts still leaves the ones asked for
+        source = demo_records(env, max(n_train, n_warm) + len(evaluation), cfg.seed)
+    pool = [r for r in source if prompt_key(r) not in held_out]
+    disjoint = bool(pool)
+    if not disjoint:  # an env with a handful of prompts (a test env): train on them, and say so loudly
+        warnings.warn(
+            f"every training prompt of env {cfg.env!r} is also an evaluation prompt: the evaluation is not held out",
+            stacklevel=2,
+        )
+        pool = list(source)
+    rng = random.Random(cfg.seed)
+    train = take(pool, n_train, rng) if cfg.data_path else pool[:n_train]
+    if len(train) < n_train:  # a finite demo set: go through it again
+        train = take(pool, n_train, rng)
+    warm = take(pool, n_warm, random.Random(cfg.seed + 1)) if n_warm else []
+    return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint)
+
+
+def prompt_key(record: dict[str, Any]) -> str:
+    """What makes two records the same question for the held-out split: their prompt."""
+    return json.dumps(record.get("prompt"), sort_keys=True)
+
+
+def replay_mixture(
+    cfg: LocalStageConfig, train: list[dict[str, Any]], env_configs: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The replay baseline (``cfg.replay``; empty: ``train`` as it is): the earlier domains' demo records mixed
+    into the stage's training records, each step's prompts holding the replay shares (largest remainder).
+
+    ``env_configs``: each earlier domain's env settings, bound to the engine (the rollout serves them too).
+    """
+    values = dict(cfg.replay or {})
+    if not values.get("enabled") or not values.get("domains"):
+        return train
+    earlier = {
+        tag: demo_records(get_environment(tag, dict(env_configs.get(tag) or {})), len(train), cfg.seed)
+        for tag in values["domains"]
+    }
+    return replay_records(values, train, earlier, cfg.seed, cfg.prompts_per_step)
+
+
+def replay_records(
+    values: Mapping[str, Any],
+    own: list[dict[str, Any]],
+    earlier: Mapping[str, list[dict[str, Any]]],
+    seed: int,
+    per_step: int,
+) -> list[dict[str, Any]]:
+    """``len(own)`` training records, each ``per_step`` of them holding the replay shares."""
+    settings = ReplaySettings(**{k: v for k, v in values.items() if k not in ("domains", "env_config")})
+    current = settings.current or ""
+    pool = list(own) + [r for tag in earlier for r in earlier[tag]]
+    buckets: dict[str, list[int]] = {current: list(range(len(own)))}
+    start = len(own)
+    for tag, records in earlier.items():
+        buckets[tag] = list(range(start, start + len(records)))
+        start += len(records)
+    weights = replay_weights(current, {t: len(v) for t, v in buckets.items()}, settings.share, settings.rule)
+    balancer = DomainBalancer(buckets, seed=seed, shuffle=False, weights=weights)
+    out: list[dict[str, Any]] = []
+    while len(out) < len(own):
+        out += [pool[i] for i in balancer.draw(min(per_step, len(own) - len(out)))]
+    return out

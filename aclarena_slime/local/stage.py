@@ -1,59 +1,63 @@
-"""One RL stage on the local backend: engine up, rollouts through the real rollout functions, LoRA steps.
+"""The local backend's one runner: phases warm start | SFT | GRPO over one served engine and one rollout context.
 
-:func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU. The rollouts
-go through :func:`aclarena_slime.slime_edge.rollout.generate` and :func:`~aclarena_slime.slime_edge.rollout.reward` over HTTP,
-exactly as slime calls them, against the embedded engine; after each step the adapter is exported
-and the engine reloads it. Output folder::
+:func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU (the recipe is
+mapped onto :class:`~aclarena_slime.local.config.LocalStageConfig` by :mod:`aclarena_slime.local.spec`).
+The rollouts go through the shared rollout (:func:`~aclarena_slime.rollout.run_sample`,
+:func:`~aclarena_slime.rollout.score_sample`) over HTTP against the embedded engine, with a
+:class:`~aclarena_slime.rollout.RolloutContext` built here from the stage's settings. Phases:
+
+- warm start (``warm_start_steps`` > 0; the paper's Base -> SFT -> RL shape): the base model is evaluated,
+  fine-tuned in full on the env's gold demo trajectories (:mod:`.demos`, :mod:`.sft`); the result is the
+  backbone of the rest of the stage.
+- SFT (``kind="sft"``, a warm-start recipe): the starting policy's rollouts (the teacher), filtered by the
+  recipe's ``aclarena_sft_filter`` with the SFT data pipeline's own rules, train the policy by cross-entropy.
+- GRPO (``kind="rl"``): rollouts, group-normalised rewards, PPO-clipped steps, optionally a KL term to the
+  starting policy; after each step the policy is synced to the engine.
+
+The policy is a LoRA expert (``adapter/``, a PEFT folder) or, with full fine-tuning, the whole model
+(``model/``, a Hugging Face folder). Output folder::
 
     base_model/        the tiny model, when model="tiny"
     warm_start_model/  the backbone after the SFT warm start, when there is one
-    adapter/           the expert, a PEFT directory (its config points at the backbone it was trained on)
-    metrics.json       settings, warm-start and per-step training figures, evaluation before and after
+    adapter/ | model/  the trained policy
+    metrics.json       seed, settings, per-phase figures, held-out reward before and after
 
-With a warm start (``warm_start_steps`` > 0) the stage has the paper's shape: the base model is
-evaluated, fine-tuned in full on the env's gold demo trajectories (:mod:`.demos`, :mod:`.sft`), and
-the LoRA expert is trained by GRPO on the result. ``eval_before`` is then the base model's reward,
-``eval_warm_start`` the reward after SFT, ``eval_after`` the reward after GRPO; all three on the same
-held-out records, which share no prompt with any training record.
-
-In ``env_config``, the strings ``{local_engine}`` and ``{local_model}`` are replaced by the engine's
-base URL and served model name, so an env service can use the engine (e.g. the retail user
-simulator: ``base_url: "{local_engine}/v1"``, ``model: "{local_model}"``).
+``eval_before`` is the base model's held-out reward, ``eval_warm_start`` the reward after the warm start,
+``eval_after`` the trained policy's; all on the same held-out records, which share no prompt with any
+training record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import statistics
 import time
-import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aclarena_slime.curriculum.replay import local_replay
 from aclarena_slime.evaluation.monitor import StageMonitor
+from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+from aclarena_slime.experts import ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.local.records import Sample, demo_records, new_sample, read_jsonl, take
-from aclarena_slime.local.sft import SftSettings, warm_start
-from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
-from aclarena_slime.plugin.contract import Environment
+from aclarena_slime.local.records import Sample, bind_engine, new_sample, replay_mixture, stage_records
+from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
+from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.plugin.registry import get_environment
-from aclarena_slime.rollout import load_chat_tokens
-from aclarena_slime.sglang_client import SGLangClient
-from aclarena_slime.slime_edge.rollout import close_context, generate, reward
-from aclarena_slime.testing.tiny_model import TinyShape, save_tiny_checkpoint
+from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens, run_sample, score_sample
 
-EVAL_SEED_OFFSET = 10_007  # demo evaluation records come from another seed than the training ones
+if TYPE_CHECKING:  # the SFT phase's filter: imported when an SFT stage runs
+    from aclarena_slime.distill.sdft import MixtureSettings
 
 
 class LocalStageError(RuntimeError):
@@ -75,26 +79,47 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     warm: dict[str, Any] | None = None
     if cfg.warm_start_steps:
         model_dir, warm = await warm_start_phase(cfg, model_dir)
-    settings = TrainSettings(
+    trainer = PolicyTrainer.build(
+        model_dir, train_settings(cfg), None if cfg.full_finetune else cfg.lora, cfg.base_adapter, cfg.seed
+    )
+    async with served_stage(cfg, model_dir) as stage:
+        phase = sft_phase if cfg.kind == "sft" else grpo_phase
+        result = await phase(cfg, stage, trainer)
+    result = {
+        "backend": "local",
+        "kind": cfg.kind,
+        "env": cfg.env,
+        "seed": cfg.seed,
+        "expert": None if cfg.full_finetune else cfg.expert_name,
+        "model_dir": str(model_dir),
+        **({"policy_dir": str(cfg.policy_dir)} if cfg.full_finetune else {"adapter_dir": str(cfg.adapter_dir)}),
+        "config": cfg.to_dict(),
+        **result,
+    }
+    if warm is not None:
+        result["eval_warm_start"] = result["eval_before"]
+        result["eval_before"] = warm.pop("eval_before")
+        result["warm_start"] = warm
+    result["seconds"] = round(time.monotonic() - started, 2)
+    result["engine_generated_tokens"] = stage.engine.generated_tokens + (warm or {}).get("engine_generated_tokens", 0)
+    write_json_atomic(cfg.metrics_path, result)
+    return result
+
+
+def train_settings(cfg: LocalStageConfig) -> TrainSettings:
+    """The optimiser and loss settings of the stage's policy (the recipe's, see :mod:`.spec`)."""
+    return TrainSettings(
         lr=cfg.lr,
         temperature=cfg.temperature,
         clip_eps_low=cfg.clip_eps_low,
         clip_eps_high=cfg.clip_eps_high,
         updates_per_step=cfg.updates_per_step,
         micro_batch_size=cfg.micro_batch_size,
+        weight_decay=cfg.weight_decay,
+        adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+        kl_coef=cfg.kl_coef,
+        kl_loss_type=cfg.kl_loss_type,
     )
-    trainer = lora_trainer(cfg, model_dir, settings)
-    adapter_dir = trainer.save(cfg.adapter_dir)
-    async with served_stage(cfg, model_dir) as (engine, url, env):
-        result = await _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine)
-    if warm is not None:
-        result["eval_warm_start"] = result["eval_before"]
-        result["eval_before"] = warm.pop("eval_before")
-        result["warm_start"] = warm
-    result["seconds"] = round(time.monotonic() - started, 2)
-    result["engine_generated_tokens"] = engine.generated_tokens + (warm or {}).get("engine_generated_tokens", 0)
-    write_json_atomic(cfg.metrics_path, result)
-    return result
 
 
 def stage_model(cfg: LocalStageConfig, texts: Sequence[str] = ()) -> Path:
@@ -137,46 +162,84 @@ async def tokenizer_texts(cfg: LocalStageConfig) -> list[str]:
     return texts
 
 
-def lora_trainer(cfg: LocalStageConfig, model_dir: Path, settings: TrainSettings) -> LoraTrainer:
-    """The stage's LoRA expert on ``model_dir`` (continuing ``cfg.base_adapter`` when set), with its optimiser."""
-    return LoraTrainer.build(
-        model_dir,
-        settings,
-        rank=cfg.lora.rank,
-        alpha=cfg.lora.alpha,
-        dropout=cfg.lora.dropout,
-        target_modules=cfg.lora.hf_target_modules(),
-        base_adapter=cfg.base_adapter,
-        seed=cfg.seed,
-    )
+@dataclass
+class ServedStage:
+    """The engine serving the stage's model, its URL, and the rollout context every phase uses."""
+
+    engine: LocalEngine
+    url: str
+    model_dir: Path
+    context: RolloutContext
+
+    @property
+    def env(self) -> Any:
+        """The stage's own env (the context's instance: one per tag)."""
+        return self.context.env(next(iter(self.context.env_configs)))
 
 
-async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict[str, Any]:
-    client = SGLangClient(url)
-    name = cfg.expert_name
-    await client.load_lora_adapter(name, str(adapter_dir))
-    env_config = bind_engine(cfg.env_config, url, cfg.served_name)
-    split = stage_records(env, cfg)
-    train, evaluation = split.train, split.evaluation
-    args = rollout_args(url, model_dir, cfg, env_config, name)
-    train = local_replay(cfg, train, args, url)  # the replay baseline: earlier envs' records join (else as is)
+@contextlib.asynccontextmanager
+async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[ServedStage]:
+    """The engine on ``model_dir`` and one rollout context for it: the stage's env and the replayed envs,
+    their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
+    session) is closed, on this loop, before the engine stops."""
+    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings), served_name=cfg.served_name)
+    async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
+        replayed = (cfg.replay.get("env_config") or {}) if cfg.replay.get("enabled") else {}
+        configs = {cfg.env: cfg.env_config, **{t: replayed.get(t) or {} for t in cfg.replay.get("domains") or ()}}
+        context = RolloutContext(
+            engine_url=url,
+            load_chat=functools.partial(load_chat_tokens, str(model_dir)),
+            budgets=Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
+            env_configs={tag: bind_engine(config, url, cfg.served_name) for tag, config in configs.items()},
+        )
+        try:
+            yield ServedStage(engine, url, model_dir, context)
+        finally:
+            await context.aclose()
+
+
+async def serve_policy(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer, loaded: bool) -> None:
+    """Put the trainer's policy on the engine: the adapter (swapped in, requests of every tag the stage runs
+    go to it), or with full fine-tuning the weights, in place."""
+    if trainer.full:
+        trainer.sync_weights(stage.engine.model.base)
+        return
+    trainer.save(cfg.adapter_dir)
+    await stage.context.client().swap_adapter(cfg.expert_name, str(cfg.adapter_dir), loaded=loaded)
+    stage.context.experts = ExpertTable.from_mapping({tag: cfg.expert_name for tag in stage.context.env_configs})
+
+
+async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
+    """Evaluate, then ``steps`` GRPO steps (the monitor watching earlier domains), then evaluate again."""
+    await serve_policy(cfg, stage, trainer, loaded=False)
+    split = stage_records(stage.env, cfg)
+    train = replay_mixture(cfg, split.train, stage.context.env_configs)  # the replay baseline (else as is)
     limit = asyncio.Semaphore(cfg.max_concurrency)
     steps: list[dict[str, Any]] = []
-    monitor = StageMonitor.for_stage(cfg, url, model_dir, adapter_dir)  # None: no earlier domain to watch
+    monitor = StageMonitor.for_stage(
+        bind_engine(cfg.monitor, stage.url, cfg.served_name),
+        stage.url,
+        stage.model_dir,
+        None if trainer.full else cfg.expert_name,
+        cfg.policy_dir,
+    )  # None: no earlier domain to watch
     with _progress(cfg.progress) as progress:
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
-        before = await evaluate(args, evaluation, cfg, limit)
+        before = await evaluate(stage.context, split.evaluation, cfg, limit)
         progress.advance(task)
+        keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
+        if keep_on_disk:
+            trainer.save(cfg.policy_dir)
         if monitor:
             await monitor.check(0)
         for step in range(cfg.steps):
             t0 = time.monotonic()
             records = train[step * cfg.prompts_per_step : (step + 1) * cfg.prompts_per_step]
-            samples = await rollout_step(args, records, cfg, step, limit)
+            samples = await rollout_step(stage.context, records, cfg, step, limit)
             stats = await asyncio.to_thread(trainer.step, [to_train_sample(s) for s in samples if s.usable])
-            trainer.save(adapter_dir)
-            await client.unload_lora_adapter(name)  # the real backend's sync: unload, then load again
-            await client.load_lora_adapter(name, str(adapter_dir))
+            await serve_policy(cfg, stage, trainer, loaded=True)  # the real backend's sync: unload, then load
+            if keep_on_disk:
+                trainer.save(cfg.policy_dir)
             steps.append(
                 {"step": step, **rollout_figures(samples), **stats, "seconds": round(time.monotonic() - t0, 3)}
             )
@@ -187,15 +250,11 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
             )
             if monitor and await monitor.check(step + 1):
                 break  # the monitor's action "stop": an earlier domain fell
-        after = await evaluate(args, evaluation, cfg, limit)
+        after = await evaluate(stage.context, split.evaluation, cfg, limit)
         progress.advance(task)
+    if trainer.full:
+        trainer.save(cfg.policy_dir)
     return {
-        "backend": "local",
-        "env": cfg.env,
-        "expert": name,
-        "model_dir": str(model_dir),
-        "adapter_dir": str(adapter_dir),
-        "config": cfg.to_dict(),
         "eval_before": before,
         "eval_after": after,
         "steps": steps,
@@ -204,121 +263,94 @@ async def _stage(cfg, url, env, model_dir, adapter_dir, trainer, engine) -> dict
     }
 
 
-@dataclass(frozen=True)
-class StageRecords:
-    """The stage's records: RL prompts, warm-start prompts and held-out evaluation prompts.
-
-    No training record (RL or warm start) shares a prompt with an evaluation record: those found in
-    the training source are dropped and counted in ``overlap_dropped``. Only when that would leave
-    nothing to train on (an env with a handful of prompts) are they kept, with a warning and
-    ``held_out`` False.
-    """
-
-    train: list[dict[str, Any]]
-    warm_start: list[dict[str, Any]]
-    evaluation: list[dict[str, Any]]
-    overlap_dropped: int
-    held_out: bool = True  # False: no training prompt was left once the evaluation prompts were taken out
-
-    def counts(self) -> dict[str, int]:
-        return {
-            "train": len(self.train),
-            "warm_start": len(self.warm_start),
-            "evaluation": len(self.evaluation),
-            "overlap_dropped": self.overlap_dropped,
-            "held_out": self.held_out,
-        }
-
-
-def stage_records(env: Any, cfg: LocalStageConfig) -> StageRecords:
-    """Evaluation records first (``eval_data_path`` or demo records of another seed), then training ones
-    (``data_path`` or the env's demo records) without the evaluation prompts."""
-    if cfg.eval_size == 0:
-        evaluation: list[dict[str, Any]] = []
-    elif cfg.eval_data_path:
-        evaluation = read_jsonl(cfg.eval_data_path, cfg.env)[: cfg.eval_size]
-    else:
-        evaluation = demo_records(env, cfg.eval_size, cfg.seed + EVAL_SEED_OFFSET)
-    held_out = {prompt_key(r) for r in evaluation}
-    n_train = cfg.steps * cfg.prompts_per_step
-    n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
-    if cfg.data_path:
-        source = read_jsonl(cfg.data_path, cfg.env)
-    else:  # enough demo records that dropping the held-out prompts still leaves the ones asked for
-        source = demo_records(env, max(n_train, n_warm) + len(evaluation), cfg.seed)
-    pool = [r for r in source if prompt_key(r) not in held_out]
-    disjoint = bool(pool)
-    if not disjoint:  # an env with a handful of prompts (a test env): train on them, and say so loudly
-        warnings.warn(
-            f"every training prompt of env {cfg.env!r} is also an evaluation prompt: the evaluation is not held out",
-            stacklevel=2,
-        )
-        pool = list(source)
-    rng = random.Random(cfg.seed)
-    train = take(pool, n_train, rng) if cfg.data_path else pool[:n_train]
-    if len(train) < n_train:  # a finite demo set: go through it again
-        train = take(pool, n_train, rng)
-    warm = take(pool, n_warm, random.Random(cfg.seed + 1)) if n_warm else []
-    return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint)
+async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
+    """An SFT warm-start stage: the starting policy's rollouts on the stage's prompts (the teacher), kept by
+    the recipe's filter (the SFT data pipeline's rules), ``sft_epochs`` SFT steps on what is kept."""
+    await serve_policy(cfg, stage, trainer, loaded=False)
+    split = stage_records(stage.env, cfg)
+    limit = asyncio.Semaphore(cfg.max_concurrency)
+    before = await evaluate(stage.context, split.evaluation, cfg, limit)
+    teacher = await rollout_step(stage.context, split.train, cfg, 0, limit)
+    kept, report = keep(teacher, cfg.env, sft_filter(cfg))
+    examples = rollout_examples(kept)
+    steps = []
+    for epoch in range(cfg.sft_epochs if examples else 0):
+        stats = await asyncio.to_thread(trainer.sft_step, examples)
+        steps.append({"epoch": epoch, "samples": float(len(examples)), **stats})
+    await serve_policy(cfg, stage, trainer, loaded=True)
+    after = await evaluate(stage.context, split.evaluation, cfg, limit)
+    if trainer.full:
+        trainer.save(cfg.policy_dir)
+    return {
+        "teacher_rollouts": len(teacher),
+        "kept": len(kept),
+        "filter": report.to_dict().get(cfg.env, {}),
+        "eval_before": before,
+        "eval_after": after,
+        "steps": steps,
+        "records": split.counts(),
+    }
 
 
-def prompt_key(record: dict[str, Any]) -> str:
-    """What makes two records the same question for the held-out split: their prompt."""
-    return json.dumps(record.get("prompt"), sort_keys=True)
+def sft_filter(cfg: LocalStageConfig) -> MixtureSettings:
+    """The recipe's ``aclarena_sft_filter`` as the SFT data pipeline's settings."""
+    from aclarena_slime.distill.sdft import MixtureSettings
+
+    f = cfg.sft_filter
+    if f is None:
+        raise LocalStageError("an SFT stage needs custom.aclarena_sft_filter (min_reward, statuses, max_tokens)")
+    return MixtureSettings(default_threshold=float(f.min_reward), statuses=tuple(f.statuses), max_tokens=f.max_tokens)
 
 
-def rollout_args(
-    url: str, model_dir: Path, cfg: LocalStageConfig, env_config: dict[str, Any], expert: str | None
-) -> Any:
-    """The slime-style ``args`` the rollout functions read (``expert`` None: the backbone, no adapter)."""
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    return SimpleNamespace(
-        sglang_router_ip=host,
-        sglang_router_port=int(port),
-        hf_checkpoint=str(model_dir),
-        rollout_max_response_len=cfg.max_response_len,
-        aclarena_response_budget=cfg.response_budget,
-        aclarena_env_config={cfg.env: env_config},
-        aclarena_experts={cfg.env: expert} if expert else {},
-    )
+def keep(samples: Sequence[Sample], domain: str, settings: MixtureSettings) -> tuple[list[Sample], Any]:
+    """The samples the warm-start filter keeps (the SFT data pipeline's own rules), in order."""
+    from aclarena_slime.distill.dumps import episode_from_record
+    from aclarena_slime.distill.sdft import build_mixture
+
+    episodes = [episode_from_record(_dump(sample), str(i), domain) for i, sample in enumerate(samples)]
+    records, report = build_mixture(episodes, settings)
+    return [samples[int(record["metadata"]["origin"])] for record in records], report
 
 
-@contextlib.asynccontextmanager
-async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[tuple[LocalEngine, str, Environment]]:
-    """The engine on ``model_dir`` and the stage's env bound to it; on exit the env and the rollout
-    context (the rollouts' envs and HTTP session) are closed, on this loop, before the engine stops."""
-    model = MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings)
-    engine = LocalEngine(model, served_name=cfg.served_name)
-    async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
-        env = get_environment(cfg.env, bind_engine(cfg.env_config, url, cfg.served_name))
-        try:
-            yield engine, url, env
-        finally:
-            try:
-                await env.aclose()
-            finally:
-                await close_context()
+def _dump(sample: Sample) -> dict[str, Any]:
+    """The fields of slime's ``Sample.to_dict()`` the filter reads."""
+    return {
+        "metadata": sample.metadata,
+        "reward": sample.reward,
+        "status": sample.status.value,
+        "tokens": list(sample.tokens or []),
+        "loss_mask": list(sample.loss_mask or []),
+        "remove_sample": bool(getattr(sample, "remove_sample", False)),
+    }
+
+
+def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
+    """Rollouts as SFT examples: the prompt is context, the mask-1 response tokens are trained."""
+    return [
+        SftExample(list(s.tokens), [0] * (len(s.tokens) - s.response_length) + list(s.loss_mask))
+        for s in samples
+        if s.response_length > 0 and sum(s.loss_mask or []) > 0 and len(s.tokens) > s.response_length
+    ]
 
 
 async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
     """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone."""
-    async with served_stage(cfg, model_dir) as (engine, url, env):
-        records = stage_records(env, cfg)
+    async with served_stage(cfg, model_dir) as stage:
+        records = stage_records(stage.env, cfg)
         with _progress(cfg.progress) as progress:
             task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
-            args = rollout_args(url, model_dir, cfg, bind_engine(cfg.env_config, url, cfg.served_name), None)
-            before = await evaluate(args, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
+            before = await evaluate(stage.context, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
             progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
-            chat = load_chat_tokens(str(model_dir))
+            env = stage.env
             best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
             examples, replay = await demo_examples(
                 env,
-                chat,
+                stage.context.chat,
                 records.warm_start,
                 load_demo_turns(str(cfg.warm_start_demos)),
-                cfg.max_response_len,
+                stage.context.budgets,
                 best,
-                _end_of_turn(engine.model),
+                _end_of_turn(stage.engine.model),
             )
             progress.advance(task)
     if not examples:
@@ -338,7 +370,7 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
         "demos": replay.as_dict(),
         "sft": sft,
         "backbone": str(backbone),
-        "engine_generated_tokens": engine.generated_tokens,
+        "engine_generated_tokens": stage.engine.generated_tokens,
     }
 
 
@@ -350,7 +382,7 @@ def _end_of_turn(model: MultiLoraModel) -> int:
 
 
 async def rollout_step(
-    args: Any, records: list[dict[str, Any]], cfg: LocalStageConfig, step: int, limit: asyncio.Semaphore
+    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, step: int, limit: asyncio.Semaphore
 ) -> list[Sample]:
     """``samples_per_prompt`` rollouts of each record (one GRPO group per record), rewarded."""
     samples = []
@@ -360,38 +392,37 @@ async def rollout_step(
             new_sample(record, group, group * cfg.samples_per_prompt + k) for k in range(cfg.samples_per_prompt)
         ]
     params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len}
-    await _gather(samples, lambda s: _one(args, s, params, cfg.seed), limit)
+    await _gather(context, samples, params, cfg.seed, limit)
     return samples
 
 
 async def evaluate(
-    args: Any, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore
+    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore
 ) -> dict[str, Any]:
     """Mean reward of one rollout per held-out record (greedy unless ``eval_temperature`` > 0)."""
     if not records:
         return {"n": 0, "mean_reward": None, "excluded": 0}
     samples = [new_sample(r, i, i) for i, r in enumerate(records)]
     params = {"temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p, "max_new_tokens": cfg.eval_budget}
-    await _gather(samples, lambda s: _one(args, s, params, cfg.seed + EVAL_SEED_OFFSET), limit)
+    await _gather(context, samples, params, cfg.seed + HELD_OUT_SEED, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable)}
 
 
-async def _one(args: Any, sample: Sample, params: dict[str, Any], seed: int) -> None:
-    # A seed per sample keeps runs reproducible whatever order the engine serves requests in.
-    params = {**params, "sampling_seed": seed * 1_000_003 + int(sample.index or 0)}
-    await generate(args, sample, params)
-    if sample.usable:
-        sample.reward = await reward(args, sample)
+async def _gather(
+    context: RolloutContext, samples: list[Sample], params: dict[str, Any], seed: int, limit: asyncio.Semaphore
+) -> None:
+    """Roll out and score ``samples``; requests enter the engine in sample order, each with its own seed,
+    so a run is reproducible whatever order the engine finishes them in."""
 
-
-async def _gather(samples: list[Sample], fn: Callable[[Sample], Awaitable[None]], limit: asyncio.Semaphore) -> None:
-    async def bounded(sample: Sample) -> None:
+    async def one(sample: Sample) -> None:
         async with limit:
-            await fn(sample)
+            await run_sample(context, sample, {**params, "sampling_seed": seed * 1_000_003 + int(sample.index or 0)})
+            if sample.usable:
+                sample.reward = await score_sample(context, sample)
 
-    await asyncio.gather(*(bounded(s) for s in samples))
+    await asyncio.gather(*(one(s) for s in samples))
 
 
 def to_train_sample(sample: Sample) -> TrainSample:
@@ -430,21 +461,6 @@ def prepare_model(source: str, out: Path, seed: int, shape: TinyShape | None = N
             f"model {source!r} is neither 'tiny' nor a Hugging Face model directory (no config.json in it)"
         )
     return path.resolve()
-
-
-def bind_engine(config: Mapping[str, Any], url: str, served_name: str) -> dict[str, Any]:
-    """``config`` with ``{local_engine}`` / ``{local_model}`` in its strings replaced (nested too)."""
-
-    def bind(value: Any) -> Any:
-        if isinstance(value, str):
-            return value.replace("{local_engine}", url).replace("{local_model}", served_name)
-        if isinstance(value, Mapping):
-            return {k: bind(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [bind(v) for v in value]
-        return value
-
-    return bind(dict(config))
 
 
 def _progress(enabled: bool) -> Any:

@@ -1,32 +1,42 @@
-"""The local policy-gradient step: GRPO advantages, PPO-clipped loss, on one LoRA adapter only.
+"""The local policy-gradient step: GRPO advantages, PPO-clipped loss, optional KL term; LoRA or full fine-tuning.
 
-The trainer holds its own copy of the model (as slime's Megatron actor does, apart from SGLang) with a
-trainable PEFT adapter on the frozen backbone. After each step the adapter is exported as a PEFT
-directory and the engine reloads it (unload + load), the same sync as on the real backend.
+The trainer holds its own copy of the model (as slime's Megatron actor does, apart from SGLang): a
+trainable PEFT adapter on the frozen backbone (the adapter is exported as a PEFT directory and the engine
+reloads it, unload + load, the same sync as on the real backend), or with ``lora.enabled=false`` every
+parameter (the engine's weights are updated in place after each step).
 
 Loss, per response token ``t`` with loss mask 1 (observation tokens have mask 0 and count nowhere)::
 
     ratio_t = exp(logp_new_t - logp_rollout_t)
-    loss_t  = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
+    loss_t  = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A) + kl_coef * KL_t
 
 averaged over all loss-mask tokens of the step (DAPO's token-level mean). ``A`` is the sample's
-group-normalised reward (GRPO). ``logp_rollout`` are the engine's log-probs, so the first pass of a
-step must reproduce them: ``logprob_mismatch`` in the metrics says how closely it does.
+group-normalised reward (GRPO, :mod:`aclarena_slime.group_rewards`: slime's normalisation, n-1 std).
+``KL_t`` is slime's estimator (``low_var_kl`` by default) of the policy against the reference, the policy
+the stage started from; it is there only with ``kl_coef`` > 0 (``algorithm.use_kl_loss``).
+``logp_rollout`` are the engine's log-probs, so the first pass of a step must reproduce them:
+``logprob_mismatch`` in the metrics says how closely it does.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from aclarena_slime.group_rewards import GroupNormalization, normalized_rewards
+from aclarena_slime.local.config import KL_TYPES
 from aclarena_slime.local.generation import token_log_probs
+from aclarena_slime.local.sft import SftExample, sft_step
+from aclarena_slime.lora.config import LoraConfig
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,12 @@ class TrainSample:
 
 @dataclass(frozen=True)
 class TrainSettings:
+    """The optimiser and the loss: AdamW (lr, betas, weight decay), the PPO clip range and the KL term.
+
+    ``kl_coef`` > 0 adds ``kl_coef`` times the token-mean KL to the reference policy (the policy the stage
+    started from), estimated as slime's ``kl_loss_type`` does (:func:`approx_kl`).
+    """
+
     lr: float = 1e-3
     temperature: float = 1.0
     clip_eps_low: float = 0.2
@@ -50,18 +66,41 @@ class TrainSettings:
     updates_per_step: int = 1
     micro_batch_size: int = 8
     max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    kl_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+
+    def __post_init__(self) -> None:
+        if self.kl_loss_type not in KL_TYPES:
+            raise ValueError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
 
 
-def grpo_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float = 1e-6) -> list[float]:
-    """Each reward minus its group's mean, over the group's standard deviation (0 for a uniform group)."""
-    by_group: dict[int, list[float]] = {}
-    for r, g in zip(rewards, groups, strict=True):
-        by_group.setdefault(g, []).append(float(r))
-    stats = {}
-    for g, values in by_group.items():
-        t = torch.tensor(values, dtype=torch.float64)
-        stats[g] = (float(t.mean()), float(t.std(unbiased=False)) if len(values) > 1 else 0.0)
-    return [(float(r) - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, groups, strict=True)]
+def grpo_advantages(rewards: Sequence[float], groups: Sequence[int]) -> list[float]:
+    """Each reward minus its group's mean, over the group's n-1 standard deviation (0 for a uniform group):
+    :func:`aclarena_slime.group_rewards.normalized_rewards`, slime's own normalisation."""
+    samples = [SimpleNamespace(group_index=g, remove_sample=False) for g in groups]
+    return normalized_rewards(samples, [float(r) for r in rewards], GroupNormalization("grpo"))
+
+
+def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_loss_type: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL estimate of the policy to the reference, as slime's ``compute_approx_kl``.
+
+    ``k1``: log r; ``k2``: (log r)^2 / 2; ``k3`` / ``low_var_kl``: exp(-log r) - 1 + log r (Schulman's
+    non-negative estimator), with r = pi / pi_ref; ``low_var_kl`` is clamped to [-10, 10].
+    """
+    log_ratio = log_probs.float() - ref_log_probs.float()
+    if kl_loss_type == "k1":
+        kl = log_ratio
+    elif kl_loss_type == "k2":
+        kl = log_ratio**2 / 2.0
+    elif kl_loss_type in ("k3", "low_var_kl"):
+        kl = (-log_ratio).exp() - 1 + log_ratio
+    else:
+        raise ValueError(f"unknown kl_loss_type {kl_loss_type!r} (one of {', '.join(KL_TYPES)})")
+    return torch.clamp(kl, min=-10, max=10) if kl_loss_type == "low_var_kl" else kl
 
 
 def ppo_clipped_loss(
@@ -81,47 +120,71 @@ def ppo_clipped_loss(
     return (per_token * mask).sum(), (was_clipped * mask).sum()
 
 
-class LoraTrainer:
-    """A frozen causal LM plus one trainable LoRA adapter, an optimiser, and the PEFT export."""
+class PolicyTrainer:
+    """The policy a local stage trains, its optimiser, its KL reference and its export.
 
-    def __init__(self, peft_model: Any, settings: TrainSettings, pad_id: int = 0) -> None:
-        self.model = peft_model
+    Two kinds, as the recipe's ``lora.enabled`` says: a LoRA expert on a frozen backbone (the adapter is
+    exported as a PEFT directory and the engine reloads it), or full fine-tuning (every parameter; the
+    engine's weights are updated in place after each step, :meth:`sync_weights`).
+    """
+
+    def __init__(
+        self, model: Any, settings: TrainSettings, pad_id: int = 0, full: bool = False, tokenizer: Any = None
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer  # saved beside a fully fine-tuned model
         self.settings = settings
         self.pad_id = pad_id
+        self.full = full
+        if full:
+            for p in self.model.parameters():
+                p.requires_grad_(True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
-            raise ValueError("the model has no trainable (LoRA) parameters")
-        self.optimizer = torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=0.0)
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay
+        )
+        # The KL reference: a frozen copy of the policy the stage starts from (only when there is a KL term).
+        self.reference = copy.deepcopy(self.model).eval() if settings.kl_coef > 0 else None
+        if self.reference is not None:
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
 
     @classmethod
     def build(
         cls,
         model_dir: str | Path,
         settings: TrainSettings,
-        *,
-        rank: int,
-        alpha: float,
-        dropout: float,
-        target_modules: Sequence[str],
+        lora: LoraConfig | None,
         base_adapter: str | Path | None = None,
         seed: int = 0,
-    ) -> LoraTrainer:
-        """Load the backbone and add a fresh adapter (or continue ``base_adapter``, a PEFT directory)."""
-        from peft import LoraConfig, PeftModel, get_peft_model
+    ) -> PolicyTrainer:
+        """Load the backbone; add a fresh adapter (or continue ``base_adapter``), or with ``lora`` None train
+        every parameter."""
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import PeftModel, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(seed)
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        if base_adapter is not None:
-            model = PeftModel.from_pretrained(base, str(base_adapter), is_trainable=True)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if lora is None:
+            if base_adapter is not None:
+                raise ValueError("full fine-tuning continues a model folder, not an adapter (base_adapter is set)")
+        elif base_adapter is not None:
+            model = PeftModel.from_pretrained(model, str(base_adapter), is_trainable=True)
         else:
-            config = LoraConfig(
-                r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none"
+            config = PeftLoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.hf_target_modules()),
+                bias="none",
             )
-            model = get_peft_model(base, config)
+            model = get_peft_model(model, config)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return cls(model, settings, pad_id=int(pad or 0))
+        return cls(model, settings, pad_id=int(pad or 0), full=lora is None, tokenizer=tokenizer)
 
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One policy-gradient step on the step's rollouts; returns what happened, as plain numbers."""
@@ -133,23 +196,29 @@ class LoraTrainer:
         if not usable:
             out["skipped"] = 1.0
             return out
-        if out["nonzero_adv_frac"] == 0.0:  # nothing to learn from: every group had one reward
+        if out["nonzero_adv_frac"] == 0.0 and self.reference is None:  # nothing to learn: every group had one reward
             with torch.no_grad():
                 out["logprob_mismatch"] = self._mismatch(usable, advantages) / n_tokens
             out["skipped"] = 1.0
             return out
         self.model.train()
         mismatch = 0.0
+        size = self.settings.micro_batch_size
         for update in range(self.settings.updates_per_step):
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = clipped_sum = diff_sum = 0.0
-            size = self.settings.micro_batch_size
+            loss_sum = clipped_sum = diff_sum = kl_sum = 0.0
             for start in range(0, len(usable), size):
                 batch, adv = usable[start : start + size], advantages[start : start + size]
                 new_lp, old_lp, mask, adv_t = self._batch_log_probs(batch, adv)
                 loss, clipped = ppo_clipped_loss(
                     new_lp, old_lp, adv_t, mask, self.settings.clip_eps_low, self.settings.clip_eps_high
                 )
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref_lp = self._batch_log_probs(batch, adv, self.reference)[0]
+                    kl = (approx_kl(new_lp, ref_lp, self.settings.kl_loss_type) * mask).sum()
+                    loss = loss + self.settings.kl_coef * kl
+                    kl_sum += float(kl.detach())
                 (loss / n_tokens).backward()
                 loss_sum += float(loss.detach())
                 clipped_sum += float(clipped)
@@ -160,9 +229,22 @@ class LoraTrainer:
                 mismatch = diff_sum / n_tokens
                 out["grad_norm"] = float(grad_norm)
             out["loss"], out["clip_frac"] = loss_sum / n_tokens, clipped_sum / n_tokens
+            if self.reference is not None:
+                out["kl"] = kl_sum / n_tokens
         out["logprob_mismatch"] = mismatch
         self.model.eval()
         return out
+
+    def sft_step(self, examples: Sequence[SftExample]) -> dict[str, float]:
+        """One optimiser step of the shared SFT loss (:func:`aclarena_slime.local.sft.sft_step`) on this policy."""
+        return sft_step(
+            self.model,
+            self.optimizer,
+            examples,
+            self.pad_id,
+            self.settings.micro_batch_size,
+            self.settings.max_grad_norm,
+        )
 
     def _mismatch(self, samples: Sequence[TrainSample], advantages: Sequence[float]) -> float:
         """Summed |current - rollout| log-prob over loss-mask tokens: ~0 when the plumbing is right."""
@@ -174,9 +256,10 @@ class LoraTrainer:
         return total
 
     def _batch_log_probs(
-        self, batch: Sequence[TrainSample], advantages: Sequence[float]
+        self, batch: Sequence[TrainSample], advantages: Sequence[float], model: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Current log-probs of each response token, with the rollout's, the mask and the advantages."""
+        """Log-probs of each response token under ``model`` (the policy unless given), with the rollout's,
+        the mask and the advantages."""
         longest = max(len(s.tokens) for s in batch)
         width = max(s.response_length for s in batch)
         ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
@@ -191,7 +274,7 @@ class LoraTrainer:
             targets[i, :r] = torch.tensor(s.tokens[len(s.tokens) - r :])
             old[i, :r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
             mask[i, :r] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        logits = self.model(input_ids=ids, attention_mask=attention).logits
+        logits = (model or self.model)(input_ids=ids, attention_mask=attention).logits
         # The logits at position p predict token p + 1: gather each sample's response window.
         rows = []
         for i, s in enumerate(batch):
@@ -204,12 +287,21 @@ class LoraTrainer:
         adv = torch.tensor(advantages, dtype=torch.float32).unsqueeze(1).expand(-1, width)
         return new, old, mask, adv
 
+    def sync_weights(self, engine_model: Any) -> None:
+        """Full fine-tuning: copy the trained weights into the engine's model, in place (the local analogue
+        of slime's weight update; a LoRA expert syncs through its adapter directory instead)."""
+        with torch.no_grad():
+            engine_model.load_state_dict(self.model.state_dict())
+
     def save(self, directory: str | Path) -> Path:
-        """Export the adapter as a PEFT directory, replacing ``directory`` atomically (never half-written)."""
+        """Export the policy, replacing ``directory`` atomically (never half-written): the adapter as a PEFT
+        directory, or with full fine-tuning the model as a Hugging Face folder (with its tokenizer)."""
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
         staging = directory.parent / f".{directory.name}.staging-{uuid.uuid4().hex[:8]}"
         self.model.save_pretrained(str(staging))
+        if self.full and self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(staging))
         if directory.exists():
             retired = directory.parent / f".{directory.name}.retired-{uuid.uuid4().hex[:8]}"
             os.replace(directory, retired)

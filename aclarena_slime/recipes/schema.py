@@ -72,7 +72,7 @@ class ClusterConfig:
     # env's recipes/env/<profile>/<tag>.yaml; see aclarena_slime.recipes.compose); None: the recipe as it is.
     profile: str | None = None
     # The local backend's own settings (model, threads, engine, warm start: LocalStageConfig's backend fields,
-    # aclarena_slime.launcher.local_stage.BACKEND_FIELDS); the recipe's other sections give the rest.
+    # aclarena_slime.local.spec.BACKEND_FIELDS); the recipe's other sections give the rest.
     local: dict[str, Any] = field(default_factory=dict)
 
 

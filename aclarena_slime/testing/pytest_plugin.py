@@ -31,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with the tiny tokenizer (what ``args.hf_checkpoint`` points at)."""
-    from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
+    from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"))
 

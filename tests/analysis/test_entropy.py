@@ -12,7 +12,7 @@ import torch
 from aclarena_slime.analysis.entropy import EntropyError, TokenStats, compare, stats_from_top_logprobs
 from aclarena_slime.analysis.entropy_sources import read_sequences, read_top_logprobs, top_logprob_stats
 from aclarena_slime.cli import main
-from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
+from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 
 TEXTS = [
     ("What is 2 + 2 = ", "<think> Let me think. </think> The answer is \\boxed{4}."),

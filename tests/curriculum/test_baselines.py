@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from aclarena_slime.curriculum.manifest import MANIFEST_NAME
-from aclarena_slime.curriculum.replay import DATA_SOURCE, local_replay, replay_records
 from aclarena_slime.curriculum.runner import run_curriculum
+from aclarena_slime.curriculum.sections import DATA_SOURCE
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.recipes.compiler import compile_recipe
 
@@ -56,35 +55,6 @@ def test_replay_compiles_for_the_cluster_profiles(tmp_path: Path, cluster: str):
     assert third.cluster.name == cluster
 
 
-def test_replay_records_hold_the_share_in_every_step():
-    own = [{"prompt": f"own {i}", "metadata": {"env": "c"}} for i in range(12)]
-    earlier = {t: [{"prompt": f"{t} {i}", "metadata": {"env": t}} for i in range(12)] for t in ("a", "b")}
-    values = {"enabled": True, "share": 0.5, "rule": "uniform", "current": "c", "domains": ["a", "b"]}
-    records = replay_records(values, own, earlier, seed=0, per_step=4)
-    assert len(records) == 12
-    for step in range(3):
-        tags = [r["metadata"]["env"] for r in records[4 * step : 4 * step + 4]]
-        assert tags.count("c") == 2 and sorted(set(tags) - {"c"}) <= ["a", "b"]
-    assert [r["metadata"]["env"] for r in records].count("a") == 3
-    assert [r["prompt"] for r in records if r["metadata"]["env"] == "c"] == [f"own {i}" for i in range(6)]
-
-
-def test_local_replay_mixes_real_env_records_and_serves_their_envs():
-    from aclarena_slime.local.config import LocalStageConfig
-
-    cfg = LocalStageConfig(
-        env="ifeval", output_dir="unused", steps=2, prompts_per_step=4, progress=False,
-        replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
-    )  # fmt: skip
-    own = [{"prompt": "p", "metadata": {"env": "ifeval"}}] * 8
-    args = SimpleNamespace(aclarena_env_config={"ifeval": {}}, aclarena_experts={"ifeval": "ifeval"})
-    records = local_replay(cfg, own, args, "http://127.0.0.1:1")
-    assert [r["metadata"]["env"] for r in records].count("math") == 4
-    assert args.aclarena_experts == {"ifeval": "ifeval", "math": "ifeval"}  # the adapter being trained
-    assert "math" in args.aclarena_env_config
-    assert local_replay(LocalStageConfig(env="ifeval", output_dir="x"), own, args, "u") is own
-
-
 @pytest.mark.slow
 def test_replay_runs_on_the_local_profile(tmp_path: Path):
     """Two real stages on the local backend (tiny model): the second replays the first's env."""
@@ -98,9 +68,10 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     )
     run_curriculum(path)
     data = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
-    first, second = data["stages"]
-    assert first["status"] == second["status"] == "done" and second["loaded"] == first["adapter"]
-    metrics = json.loads((Path(second["adapter"]).parent / "metrics.json").read_text())
+    first, second = data["stages"]  # the sequential recipes: full fine-tuning, chained through the model folder
+    assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
+    assert Path(first["checkpoint"], "config.json").exists() and first["adapter"] is None
+    metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
     assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
     assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
     assert second["cost"]["trainer_steps"] == 2 and second["cost"]["rollout_tokens"] > 0 and second["cost"]["counted"]
@@ -137,7 +108,7 @@ def test_kl_anchor_pins_the_reference_even_where_a_recipe_names_the_base(tmp_pat
 
 
 @pytest.mark.slow
-def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path, capfd):
+def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path):
     path = tmp_path / "anchor.yaml"
     path.write_text(
         f"name: anchor_local\noutput_dir: {tmp_path / 'out'}\noverrides: [cluster=local, paths.root={tmp_path}]\n"
@@ -147,8 +118,10 @@ def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path, capfd):
     )
     run_curriculum(path)
     first, second = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
-    assert first["status"] == second["status"] == "done" and second["loaded"] == first["adapter"]
-    assert "the local backend has no KL term" in capfd.readouterr().err
+    assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
+    metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
+    assert metrics["config"]["kl_coef"] == 0.2 and metrics["config"]["backbone"] == first["checkpoint"]
+    assert all("kl" in step for step in metrics["steps"] if not step.get("skipped"))  # the KL term ran
 
 
 def test_the_shipped_monitor_suite_compiles_into_slimes_eval_config(tmp_path: Path):
@@ -166,3 +139,19 @@ def test_the_shipped_monitor_suite_compiles_into_slimes_eval_config(tmp_path: Pa
     assert {"math", "search", "retail"} <= set(third.env_config) and "retriever" in third.services
     argv = compile_recipe(third).train_args
     assert argv[argv.index("--eval-interval") + 1] == "25"
+
+
+def test_the_kl_anchor_section_gives_the_local_stage_its_kl_term(tmp_path: Path):
+    """The curriculum writes the same section for both backends; on the local backend the KL anchor is the
+    KL term to the policy the stage starts from (the previous stage's), so it differs from the sequential run."""
+    from aclarena_slime.curriculum.config import KlAnchorSettings
+    from aclarena_slime.curriculum.sections import anchor_overrides
+    from aclarena_slime.local.spec import local_config
+    from aclarena_slime.recipes.compose import load_recipe
+
+    base = [f"paths.root={tmp_path}", "cluster=local"]
+    source = {"name": "s1", "checkpoint": str(tmp_path / "s1" / "model")}
+    anchor = anchor_overrides(KlAnchorSettings(enabled=True, coef=0.1), source)
+    anchored = local_config(load_recipe(RECIPES / "stage4_if.yaml", [*base, *anchor]))
+    sequential = local_config(load_recipe(RECIPES / "stage4_if.yaml", base))
+    assert (anchored.kl_coef, anchored.kl_loss_type) == (0.1, "low_var_kl") and sequential.kl_coef == 0.0

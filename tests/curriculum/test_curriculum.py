@@ -323,7 +323,7 @@ def test_the_monitor_watches_the_earlier_domains_of_a_local_stage(tmp_path: Path
     assert monitors[1]["domains"] == ["math"] and monitors[2]["domains"] == ["math", "search"]
     assert monitors[2]["interval"] == 5 and monitors[2]["max_drop"] == 3.0
     # the local stage's settings accept it
-    from aclarena_slime.launcher.local_stage import local_config
+    from aclarena_slime.local.spec import local_config
 
     assert local_config(runner.recipes[2]).monitor["domains"] == ["math", "search"]
 

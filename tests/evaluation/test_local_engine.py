@@ -11,8 +11,8 @@ from aclarena_slime.evaluation import RunSettings, load_experts, parse_suite, ru
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
+from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 from aclarena_slime.sglang_client import SGLangClient, output_tokens
-from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0}
 

@@ -11,6 +11,7 @@ import pytest
 
 from aclarena_slime.cli import main
 from aclarena_slime.evaluation import ResultsExist, RunSettings, SuiteError, parse_suite, run_suite
+from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.sglang_client import RetryPolicy, SGLangClient, SGLangError
 from aclarena_slime.testing.fake_sglang import FakeSGLang
@@ -213,7 +214,7 @@ async def test_demo_dataset_runs_the_envs_generated_records(tmp_path, tiny_token
     from aclarena_slime.plugin.registry import get_environment
 
     suite = parse_suite({"datasets": {"arith": {"env": "math", "demo": 3, "env_config": {"workers": 1}}}})
-    expected = get_environment("math", {"workers": 1}).demo_records(3, seed=1234)
+    expected = get_environment("math", {"workers": 1}).demo_records(3, seed=HELD_OUT_SEED)
     async with FakeSGLang(tiny_tokenizer, ["\\boxed{0}"]) as engine:
         summary = await run_suite(suite, SGLangClient(engine.url), tiny_tokenizer, RunSettings(tmp_path / "o"))
     lines = _lines(tmp_path / "o", "arith")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.testing.tiny_model import save_tiny_checkpoint
+from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,10 +6,15 @@ import json
 
 import pytest
 
-from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.records import Sample
-from aclarena_slime.local.sft_stage import filter_settings, keep, run_sft_stage, sft_step
-from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings
+from aclarena_slime.local.stage import keep, rollout_examples, run_stage, sft_filter
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSettings
+from aclarena_slime.lora.config import LoraConfig
+
+
+def filter_settings(values):
+    return sft_filter(LocalStageConfig(env="math", output_dir="x", kind="sft", sft_filter=values))
 
 
 def _sample(reward, status="completed", mask=(1, 1)):
@@ -28,27 +33,33 @@ def test_the_filter_is_the_sft_data_pipelines_own():
     assert report.to_dict()["math"]["dropped"] == {"below_threshold": 1, "no_trainable_tokens": 1}
     kept, _ = keep(samples, "math", filter_settings({"min_reward": 1.0}))  # TauSFT: completed only
     assert kept == [samples[0]]
-    with pytest.raises(ValueError, match="min_reward"):
+    with pytest.raises(LocalConfigError, match="sft_filter"):
         filter_settings({"threshold": 1.0})
+    with pytest.raises(LocalConfigError, match="min_reward"):
+        filter_settings({"statuses": ["completed"]})
 
 
 def test_sft_steps_lower_the_loss_on_the_kept_tokens(tiny_model_dir):
-    trainer = LoraTrainer.build(
-        tiny_model_dir, TrainSettings(lr=5e-2), rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"]
-    )
-    data = [TrainSample(tokens=[3, 4, 5, 6, 7, 8], response_length=3, loss_mask=[1, 0, 1], rollout_log_probs=[0.0] * 3,
-                        reward=1.0, group=0)]  # fmt: skip
-    losses = [sft_step(trainer, data)["loss"] for _ in range(5)]
+    lora = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
+    trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2), lora)
+    sample = Sample(prompt="q", metadata={"env": "math"})
+    sample.tokens, sample.response_length, sample.loss_mask = [3, 4, 5, 6, 7, 8], 3, [1, 0, 1]
+    examples = rollout_examples([sample])
+    assert examples[0].loss_mask == [0, 0, 0, 1, 0, 1]  # the prompt is context, the mask-1 tokens are trained
+    losses = [trainer.sft_step(examples)["loss"] for _ in range(5)]
     assert losses[-1] < losses[0]
-    assert sft_step(trainer, [TrainSample([1, 2], 1, [0], [0.0], 0.0, 0)])["samples"] == 0.0
+    empty = Sample(prompt="q", metadata={"env": "math"})
+    empty.tokens, empty.response_length, empty.loss_mask = [1, 2], 1, [0]
+    assert rollout_examples([empty]) == []
 
 
 def test_a_warm_start_stage_writes_an_adapter_the_next_stage_can_start_from(tmp_path):
     cfg = LocalStageConfig(
         env="math", output_dir=str(tmp_path / "sft"), steps=1, prompts_per_step=2, samples_per_prompt=2,
-        eval_size=1, max_response_len=12, progress=False, torch_threads=1,
+        eval_size=1, max_response_len=12, progress=False, torch_threads=1, kind="sft", sft_epochs=2,
+        sft_filter={"min_reward": 0.0, "statuses": ["completed", "truncated"]},
     )  # fmt: skip
-    metrics = run_sft_stage(cfg, filter_settings({"min_reward": 0.0, "statuses": ["completed", "truncated"]}), epochs=2)
+    metrics = run_stage(cfg)
     assert metrics["kind"] == "sft" and metrics["teacher_rollouts"] == 4
     assert metrics["kept"] == metrics["filter"]["kept"] >= 1
     assert [step["epoch"] for step in metrics["steps"]] == [0, 1]

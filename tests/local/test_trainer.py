@@ -3,18 +3,42 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
-from aclarena_slime.local.trainer import LoraTrainer, TrainSample, TrainSettings, grpo_advantages, ppo_clipped_loss
+from aclarena_slime.local.trainer import (
+    PolicyTrainer,
+    TrainSample,
+    TrainSettings,
+    approx_kl,
+    grpo_advantages,
+    ppo_clipped_loss,
+)
+from aclarena_slime.lora.config import LoraConfig
 
 
 def test_grpo_advantages_are_normalised_per_group():
     adv = grpo_advantages([1.0, 0.0, 1.0, 0.0, 0.5, 0.5], [0, 0, 0, 0, 1, 1])
-    assert adv[:4] == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-4)
+    # slime's n-1 standard deviation: rewards 1, 0, 1, 0 have std sqrt(1/3), so each is 0.5 / 0.577 away
+    assert adv[:4] == pytest.approx([0.866, -0.866, 0.866, -0.866], abs=1e-3)
     assert adv[4:] == [0.0, 0.0]  # a group with one reward teaches nothing
     assert grpo_advantages([3.0], [0]) == [0.0]
+
+
+def test_the_local_trainer_normalises_groups_as_slime_does():
+    """One GRPO normalisation: the local trainer's advantages are group_rewards' (slime's, n-1 std)."""
+    from types import SimpleNamespace
+
+    from aclarena_slime.group_rewards import GroupNormalization, normalized_rewards
+
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.3, 0.9, 0.1, 0.2, 0.4, 0.8, 0.6, 0.0]
+    groups = [0] * 8 + [1] * 8
+    samples = [SimpleNamespace(group_index=g, remove_sample=False) for g in groups]
+    assert grpo_advantages(rewards, groups) == pytest.approx(
+        normalized_rewards(samples, rewards, GroupNormalization("grpo", group_size=8)), abs=1e-9
+    )
 
 
 def test_clipped_loss_caps_the_ratio_on_the_side_the_advantage_pushes():
@@ -34,9 +58,11 @@ def test_clipped_loss_caps_the_ratio_on_the_side_the_advantage_pushes():
 @pytest.fixture
 def trainer(tiny_model_dir):
     settings = TrainSettings(lr=5e-2, micro_batch_size=2)
-    return LoraTrainer.build(
-        tiny_model_dir, settings, rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"], seed=0
-    )
+    return PolicyTrainer.build(tiny_model_dir, settings, lora(), seed=0)
+
+
+def lora():
+    return LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
 
 
 def rollout(trainer, prompt, response, reward, group, mask=None):
@@ -95,3 +121,91 @@ def test_save_is_a_peft_directory_and_replaces_the_old_one(trainer, tiny_model_d
     ids = torch.tensor([[5, 9, 10]])
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=ids).logits, trainer.model(input_ids=ids).logits, atol=1e-5)
+
+
+def _group(trainer):
+    prompt, good, bad = [5, 6, 7], [40, 41, 42], [90, 91]
+    return [rollout(trainer, prompt, good, 1.0, 0), rollout(trainer, prompt, bad, 0.0, 0)]
+
+
+def _backbone(model):
+    """The backbone's own weights (a PEFT model's base layers), by their plain names."""
+    return {
+        n.replace("base_model.model.", "").replace(".base_layer", ""): p.detach().clone()
+        for n, p in model.named_parameters()
+        if "lora_" not in n
+    }
+
+
+def test_full_fine_tuning_changes_the_backbone_and_lora_does_not(tiny_model_dir, tmp_path):
+    """lora.enabled=false on the local backend: every parameter trains (AdamW), and the export is a model folder."""
+    from transformers import AutoModelForCausalLM
+
+    settings = TrainSettings(lr=1e-2, micro_batch_size=2, weight_decay=0.1, adam_betas=(0.9, 0.98))
+    full = PolicyTrainer.build(tiny_model_dir, settings, None, seed=0)
+    assert full.full and len(full.params) == len(list(full.model.parameters()))
+    assert (
+        full.optimizer.param_groups[0]["betas"] == (0.9, 0.98) and full.optimizer.param_groups[0]["weight_decay"] == 0.1
+    )
+    before = _backbone(full.model)
+    full.step(_group(full))
+    changed = [n for n, p in _backbone(full.model).items() if not torch.equal(p, before[n])]
+    assert len(changed) == len(before)  # every backbone weight moved
+    saved = full.save(tmp_path / "model")
+    reloaded = AutoModelForCausalLM.from_pretrained(saved)
+    assert torch.equal(reloaded.lm_head.weight, full.model.lm_head.weight)
+    assert (saved / "tokenizer_config.json").exists()  # a folder the engine and the next stage load as they are
+
+    lora = PolicyTrainer.build(tiny_model_dir, settings, LoraConfig(rank=4, alpha=8, target_modules=["q_proj"]), seed=0)
+    before = _backbone(lora.model)
+    lora.step(_group(lora))
+    assert all(torch.equal(p, before[n]) for n, p in _backbone(lora.model).items())
+
+
+def test_full_fine_tuning_syncs_its_weights_into_the_engine(tiny_model_dir):
+    from aclarena_slime.local.generation import MultiLoraModel
+
+    trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=1e-2, micro_batch_size=2), None, seed=0)
+    engine = MultiLoraModel.from_pretrained(tiny_model_dir)
+    trainer.step(_group(trainer))
+    assert not torch.equal(engine.base.lm_head.weight, trainer.model.lm_head.weight)
+    trainer.sync_weights(engine.base)
+    assert torch.equal(engine.base.lm_head.weight, trainer.model.lm_head.weight)
+
+
+def test_the_kl_estimators_are_slimes_on_fixed_tensors():
+    """slime's compute_approx_kl (slime/utils/ppo_utils.py): log r = logp - logp_ref; k3/low_var_kl is
+    exp(-log r) - 1 + log r, and low_var_kl alone is clamped to [-10, 10]."""
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.3, 1e-9]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5, 0.3, 0.9]]))
+    log_r = math.log(2.0)
+    expected = [0.5 - 1 + log_r, 2.0 - 1 - log_r, 0.0, 10.0]  # the last one is clamped (exp(20.6) - 1 - 20.6)
+    assert approx_kl(logp, ref, "low_var_kl")[0].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert approx_kl(logp, ref, "k3")[0, 3] > 10  # k3 is not clamped
+    assert approx_kl(logp, ref, "k1")[0, :2].tolist() == pytest.approx([log_r, -log_r], rel=1e-6)
+    assert approx_kl(logp, ref, "k2")[0, 0] == pytest.approx(log_r**2 / 2, rel=1e-6)
+    assert torch.all(approx_kl(ref, ref) == 0)  # zero at the reference ...
+    assert torch.all(approx_kl(logp[:, :2], ref[:, :2]) > 0)  # ... positive away from it
+    with pytest.raises(ValueError, match="kl_loss_type"):
+        approx_kl(logp, ref, "k9")
+
+
+def test_the_kl_term_is_zero_at_the_reference_and_changes_the_loss_away_from_it(tiny_model_dir):
+    """The KL anchor's stage trains a different loss than the sequential one: the same rollouts, the same
+    seed, two updates per step (the second away from the reference) give different losses and weights."""
+    lora = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "lm_head"])
+    runs = {}
+    for coef in (0.0, 1.0):
+        trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, updates_per_step=2, kl_coef=coef), lora)
+        samples = _group(trainer)
+        runs[coef] = (trainer.step(samples), [p.detach().clone() for p in trainer.params])
+    plain, anchored = runs[0.0][0], runs[1.0][0]
+    assert "kl" not in plain and anchored["kl"] > 0  # after the first update the policy has left the reference
+    assert anchored["loss"] != pytest.approx(plain["loss"], rel=1e-6, abs=1e-9)
+    assert any(not torch.equal(a, b) for a, b in zip(runs[0.0][1], runs[1.0][1], strict=True))
+    at_reference = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, kl_coef=1.0), lora)
+    samples = _group(at_reference)
+    with torch.no_grad():
+        new, _, mask, _ = at_reference._batch_log_probs(samples, [0.0, 0.0])
+        ref, _, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0], at_reference.reference)
+    assert float((approx_kl(new, ref) * mask).sum()) == 0.0  # the reference is the policy the stage starts from

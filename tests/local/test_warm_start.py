@@ -17,9 +17,11 @@ from aclarena_envs.search.env import SearchEnvironment
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
+from aclarena_slime.local.records import prompt_key, stage_records
 from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
-from aclarena_slime.local.stage import prompt_key, stage_records, tokenizer_texts
-from aclarena_slime.testing.tiny_model import TinyShape, build_tiny_tokenizer
+from aclarena_slime.local.stage import tokenizer_texts
+from aclarena_slime.local.tiny_model import TinyShape, build_tiny_tokenizer
+from aclarena_slime.rollout import Budgets
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def _eot(chat: ChatTokens) -> int:
 def _replay(env, chat, records, turns_of, min_reward=1.0, budget=512):
     async def run():
         try:
-            return await demo_examples(env, chat, records, turns_of, budget, min_reward, _eot(chat))
+            return await demo_examples(env, chat, records, turns_of, Budgets(budget), min_reward, _eot(chat))
         finally:
             await env.aclose()
 
@@ -179,6 +181,20 @@ def test_held_out_prompts_are_never_training_prompts(tmp_path):
     asyncio.run(env.aclose())
 
 
+def test_the_monitors_demo_prompts_are_never_training_prompts_whatever_the_seed(tmp_path):
+    """The evaluation runner and the forgetting monitor check the demo records of HELD_OUT_SEED; a stage of
+    another seed holds them out of its training records too."""
+    from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+
+    env = MathEnvironment({"workers": 1})
+    cfg = LocalStageConfig(env="math", output_dir=str(tmp_path), eval_size=16, steps=64, prompts_per_step=8, seed=5)
+    checked = {prompt_key(r) for r in env.demo_records(8, seed=HELD_OUT_SEED)}  # a monitor's demo_size
+    split = stage_records(env, cfg)
+    assert not checked & {prompt_key(r) for r in split.train}
+    assert checked & {prompt_key(r) for r in env.demo_records(512 + 16, seed=5)}  # they were in the draw
+    asyncio.run(env.aclose())
+
+
 def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     """The whole shape, small: base evaluated, SFT on gold demos, GRPO on the new backbone; the last line."""
     from aclarena_slime.launcher.stage import StageResult, finished_text
@@ -207,16 +223,19 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     assert adapter_config["base_model_name_or_path"] == warm["backbone"]  # the expert sits on the new backbone
     assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
     assert metrics["records"] == {"train": 2, "warm_start": 8, "evaluation": 2, "overlap_dropped": 0, "held_out": True}
-    before, after = metrics["eval_before"]["mean_reward"], metrics["eval_after"]["mean_reward"]
+    base, warm_reward, after = (metrics[k]["mean_reward"] for k in ("eval_before", "eval_warm_start", "eval_after"))
     line = finished_text(StageResult(0, "local", adapter=str(cfg.adapter_dir), metrics=metrics))
-    assert line.endswith(f"eval mean reward {before:.3f} -> {after:.3f}")
+    assert (
+        line.splitlines()[-1]
+        == f"held-out reward: base {base:.3f} -> warm start {warm_reward:.3f} -> trained {after:.3f}"
+    )
     # A chained stage continuing this expert loads the backbone the expert was trained on.
     chained = LocalStageConfig(env="math", output_dir=str(tmp_path / "next"), base_adapter=str(cfg.adapter_dir))
     assert chained.model_source == warm["backbone"]
 
 
 def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
-    from aclarena_slime.launcher.local_stage import local_config
+    from aclarena_slime.local.spec import local_config
     from aclarena_slime.recipes.compose import load_recipe
 
     recipes = __import__("pathlib").Path(__file__).resolve().parents[2] / "recipes"
@@ -229,13 +248,17 @@ def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
     with pytest.warns(UserWarning, match="no warm_start_demos for env 'retail'"):
         retail = local_config(
             load_recipe(
-                recipes / "stage3_retail.yaml", [f"paths.root={tmp_path}", "cluster=local", "cluster.local.warm_start_steps=5"]
+                recipes / "stage3_retail.yaml",
+                [f"paths.root={tmp_path}", "cluster=local", "cluster.local.warm_start_steps=5"],
             )
         )
     assert retail.warm_start_steps == 0
     with pytest.warns(UserWarning, match="continues base_adapter"):
         chained = local_config(
-            load_recipe(recipes / "stage1_math.yaml", ["cluster=local", f"++cluster.local.base_adapter={tmp_path}"])
+            load_recipe(
+                recipes / "stage1_math.yaml",
+                ["cluster=local", "lora=r16_a32", f"++cluster.local.base_adapter={tmp_path}"],
+            )
         )
     assert chained.warm_start_steps == 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aclarena_slime.launcher.local_stage import local_settings
+from aclarena_slime.local.spec import local_settings
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
-from aclarena_slime.launcher.local_stage import local_config
 from aclarena_slime.launcher.services import ServiceError, is_ready, start_service, stop_service
 from aclarena_slime.launcher.stage import main
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import known_flags
 
@@ -36,7 +36,7 @@ def test_stage_sh_dry_run_prints_the_full_command(tmp_path: Path):
     env = {**os.environ, "ACLARENA_PYTHON": sys.executable}
     done = subprocess.run(
         ["bash", str(REPO / "launch" / "stage.sh"), "recipes/stage2_search.yaml", "--dry-run",
-         f"paths.root={tmp_path}", "algorithm.lr=5e-6", "cluster.ray.address=10.1.2.3"],
+         f"paths.root={tmp_path}", "algorithm.lr=5e-6", "cluster.ray.address=10.1.2.3", "backend=slime"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -48,7 +48,7 @@ def test_stage_sh_dry_run_prints_the_full_command(tmp_path: Path):
     assert "service retriever at http://10.1.2.3:8000" in out  # two nodes: on the head's address
     assert "# ray head address: 10.1.2.3 (2 nodes; on each other node: bash launch/join.sh 10.1.2.3" in out
     assert "--address=http://10.1.2.3:8265" in out
-    command = out[out.index("ray job submit") : out.index("# local backend") if "# local backend" in out else None]
+    command = out[out.index("ray job submit") :]
     flags = {token for token in command.replace("\\\n", " ").split() if token.startswith("--") and "=" not in token}
     assert flags - {"--"} <= known_flags()
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
@@ -63,7 +63,7 @@ def test_backend_shorthand_selects_local(tmp_path: Path, capsys):
     assert main([str(REPO / "recipes/stage1_math.yaml"), "--dry-run", f"paths.root={tmp_path}", "backend=local"]) == 0
     captured = capsys.readouterr()
     assert "backend: local (backend=local requested)" in captured.err
-    assert "# local backend settings" in captured.out
+    assert "# local plan: env math" in captured.out and "ray job submit" not in captured.out
 
 
 def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
@@ -79,7 +79,9 @@ def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
         local_config(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
     with pytest.raises(RecipeError, match="RL stages and SFT warm starts"):
         local_config(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))
-    warm = local_config(load_recipe(REPO / "recipes/stage2_search_sft.yaml", ["cluster=local", f"paths.root={tmp_path}"]))
+    warm = local_config(
+        load_recipe(REPO / "recipes/stage2_search_sft.yaml", ["cluster=local", f"paths.root={tmp_path}"])
+    )
     assert warm.env == "search" and warm.output_dir == str(tmp_path / "runs" / "stage2_search_sft" / "local")
 
 
@@ -123,7 +125,10 @@ def test_service_that_dies_is_reported_with_its_log(tmp_path: Path):
 def test_dry_run_prints_every_recipe_kind_even_where_local_cannot_run_it(name: str, tmp_path: Path, capsys):
     assert main([str(REPO / f"recipes/{name}.yaml"), "--dry-run", f"paths.root={tmp_path}", "backend=local"]) == 0
     out = capsys.readouterr().out
-    assert "ray job submit" in out and "/train.py" in out
+    if name in ("sdft_backbone", "mopd"):  # the local backend refuses it, naming why, and shows the slime command
+        assert "# the local backend cannot run this stage" in out and "ray job submit" in out and "/train.py" in out
+    else:  # the local plan: phases and resolved settings, no slime command
+        assert "# local plan:" in out and "# phases:" in out and "ray job submit" not in out
 
 
 def test_local_settings_on_the_command_line_select_the_local_profile():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aclarena_slime.launcher.local_stage import local_config
 from aclarena_slime.launcher.stage import local_profile, main, normalise_overrides
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +35,10 @@ def test_dry_run_prints_the_overridden_local_settings(tmp_path: Path, capsys):
     args = [MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local", "algorithm.lr=5e-3",
             "rollout.n_samples_per_prompt=2", "rollout.num_rollout=3", "rollout.rollout_batch_size=5"]  # fmt: skip
     assert main(args) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("# local backend settings: "))
-    settings = json.loads(line.split(": ", 1)[1])
+    out = capsys.readouterr().out
+    assert "GRPO (3 steps x 5 prompts x 2 samples)" in out and "ray job submit" not in out
+    plan = out[out.index("#   {") :]
+    settings = json.loads("\n".join(line[4:] for line in plan.splitlines()))
     assert (settings["lr"], settings["samples_per_prompt"], settings["steps"], settings["prompts_per_step"]) == (
         5e-3, 2, 3, 5
     )  # fmt: skip
@@ -70,7 +72,8 @@ def test_the_local_profile_names_no_env_tag():
     [
         ("algorithm.use_tis=true", "algorithm.use_tis"),
         ("algorithm.advantage_estimator=gspo", "algorithm.advantage_estimator"),
-        ("algorithm.weight_decay=0.1", "algorithm.weight_decay"),
+        ("algorithm.lr_decay_style=cosine", "algorithm.lr_decay_style"),
+        ("algorithm.use_kl_loss=true algorithm.kl_loss_coef=0", "algorithm.kl_loss_coef"),
         ("rollout.dynamic_sampling_filter_path=aclarena_slime.slime_edge.rollout.drop_no_tool",
          "rollout.dynamic_sampling_filter_path"),
         ("data.n_samples_per_eval_prompt=16", "data.n_samples_per_eval_prompt"),
@@ -80,16 +83,19 @@ def test_the_local_profile_names_no_env_tag():
 )  # fmt: skip
 def test_a_setting_the_local_backend_cannot_run_is_an_error_naming_it(override: str, named: str, tmp_path: Path):
     with pytest.raises(RecipeError, match=named.replace(".", r"\.")):
-        local_config(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", override]))
+        local_config(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", *override.split()]))
 
 
-def test_kl_and_full_fine_tuning_run_with_a_warning_naming_them(tmp_path: Path):
-    recipe = load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "algorithm.use_kl_loss=true"])
-    with pytest.warns(UserWarning) as caught:
-        local_config(recipe)
-    text = " ".join(str(w.message) for w in caught)
-    assert "algorithm.use_kl_loss=True" in text and "kl_loss_coef 0.01" in text
-    assert "lora.enabled=false" in text
+def test_kl_and_full_fine_tuning_map_onto_the_local_stage(tmp_path: Path):
+    """The paper's sequential recipe runs as it is: full fine-tuning, AdamW as the recipe says, its KL term."""
+    recipe = load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "algorithm.use_kl_loss=true",
+                                "algorithm.weight_decay=0.1", "algorithm.adam_beta2=0.98"])  # fmt: skip
+    cfg = local_config(recipe)
+    assert cfg.full_finetune and cfg.policy_dir.name == "model"  # stage1_math: lora.enabled=false
+    assert (cfg.kl_coef, cfg.kl_loss_type) == (0.01, "low_var_kl")
+    assert (cfg.weight_decay, cfg.adam_beta2) == (0.1, 0.98)
+    off = local_config(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "lora=r16_a32"]))
+    assert not off.full_finetune and off.kl_coef == 0.0  # the local profile: no KL unless asked
 
 
 def test_the_slime_command_is_the_recipe_without_the_local_profile(tmp_path: Path):

@@ -283,7 +283,7 @@ def test_mle_experts_load_the_authors_sdft_iteration(tmp_path: Path):
 @pytest.mark.parametrize("path", ENV_PROFILES, ids=lambda p: str(p.relative_to(RECIPES)))
 def test_each_env_part_of_a_backend_profile_maps_onto_its_backend(path: Path, tmp_path: Path):
     """recipes/env/local/<tag>.yaml: composed by cluster=local for a stage of that env, mapped without error."""
-    from aclarena_slime.launcher.local_stage import local_config
+    from aclarena_slime.local.spec import local_config
 
     profile, tag = path.parent.name, path.stem
     assert profile == "local"  # the one backend profile so far

@@ -1,19 +1,24 @@
-"""A stage recipe on the local backend: the recipe mapped onto ``LocalStageConfig``, then ``run_stage``.
+"""The local backend's scope, in one place: a stage recipe mapped onto ``LocalStageConfig``, and what it refuses.
 
-The recipe is the one source: its steps, batch, learning rate, budgets, temperatures, clip range, eval
-sampling and LoRA settings become the local stage's (``RECIPE_KEYS``). ``cluster.local`` holds only what
-is the backend's own (``BACKEND_FIELDS``: model, threads, engine, concurrency, warm start, ...). A recipe
-setting the local backend cannot run is an error, or a warning where running without it is the honest
-choice (``UNHONOURED``); the local profile (``recipes/profile/local.yaml``) sets each of them to what the
-backend runs, so a paper recipe composes cleanly and only an override that asks for more trips the check.
+The recipe is the one source: its kind, steps, batch, optimiser (AdamW: lr, betas, weight decay), budgets,
+temperatures, clip range, KL term, eval sampling, LoRA (or full fine-tuning), SFT filter and replay
+become the local stage's (``RECIPE_KEYS``). ``cluster.local`` holds only what is the backend's own
+(``BACKEND_FIELDS``: model, threads, engine, concurrency, warm start, monitor, ...). A recipe setting the
+local backend cannot run is an error naming the setting, or a warning where running without it is the
+honest choice (``UNHONOURED``); the local profile (``recipes/profile/local.yaml``) sets each of them to
+what the backend runs, so a paper recipe composes cleanly and only an override that asks for more trips
+the check. :func:`local_plan` is what ``--dry-run`` prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
+from pathlib import Path
 from typing import Any
 
+from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.schema import StageRecipe
 
@@ -24,7 +29,17 @@ RECIPE_KEYS = {
     "samples_per_prompt": "rollout.n_samples_per_prompt",
     "max_response_len": "rollout.rollout_max_response_len",
     "temperature": "rollout.rollout_temperature",
+    "kind": "kind",
     "lr": "algorithm.lr",
+    "weight_decay": "algorithm.weight_decay",
+    "adam_beta1": "algorithm.adam_beta1",
+    "adam_beta2": "algorithm.adam_beta2",
+    "kl_coef": "algorithm.kl_loss_coef (with algorithm.use_kl_loss)",
+    "kl_loss_type": "algorithm.kl_loss_type",
+    "full_finetune": "lora.enabled (false)",
+    "sft_filter": "custom.aclarena_sft_filter",
+    "sft_epochs": "algorithm.extra.num_epoch",
+    "replay": "custom.aclarena_replay",
     "clip_eps_low": "algorithm.eps_clip",
     "clip_eps_high": "algorithm.eps_clip_high",
     "eval_temperature": "data.eval_temperature",
@@ -41,20 +56,16 @@ BACKEND_FIELDS = (
     "model", "backbone", "base_adapter", "seed", "data_path", "eval_data_path", "eval_size", "top_p",
     "updates_per_step", "engine_host", "engine_port", "max_concurrency", "micro_batch_size", "torch_threads",
     "max_running_requests", "max_prefill_tokens",
-    "served_name", "progress", "monitor", "replay", "warm_start_steps", "warm_start_demos", "warm_start_records",
+    "served_name", "progress", "monitor", "warm_start_steps", "warm_start_demos", "warm_start_records",
     "warm_start_lr", "warm_start_batch_size", "warm_start_min_reward",
 )  # fmt: skip
 # Recipe settings the local backend runs one way only: (key, the values it runs, error?, why). Another value
 # is an error, or with error=False a warning (the stage runs without it).
 UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
     ("algorithm.advantage_estimator", ("grpo",), True, "the local trainer takes a GRPO step"),
-    ("algorithm.use_kl_loss", (False,), False, "the local trainer has no KL term; the stage runs without it"),
     ("algorithm.use_tis", (False,), True, "the local engine and trainer share the weights: no mismatch to correct"),
     ("algorithm.entropy_coef", (0.0,), True, "the local trainer has no entropy bonus"),
     ("algorithm.optimizer", ("adam",), True, "the local trainer runs AdamW"),
-    ("algorithm.weight_decay", (0.0,), True, "the local trainer's AdamW has no weight decay"),
-    ("algorithm.adam_beta1", (0.9,), True, "the local trainer's AdamW betas are (0.9, 0.999)"),
-    ("algorithm.adam_beta2", (0.999,), True, "the local trainer's AdamW betas are (0.9, 0.999)"),
     ("algorithm.lr_decay_style", ("constant",), True, "the local trainer keeps the learning rate constant"),
     ("algorithm.lr_warmup_fraction", (None, 0.0), True, "the local trainer has no warm-up"),
     ("rollout.dynamic_sampling_filter_path", (None,), True, "the local stage trains on every group it rolls out"),
@@ -73,8 +84,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None):
         raise RecipeError(
             f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
-            f"{recipe.name} is kind {recipe.kind!r}"
-            + (" without a warm-start filter" if recipe.kind == "sft" else "")
+            f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
         )
     check_honoured(recipe)
     local = dict(recipe.cluster.local)
@@ -106,14 +116,29 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
         "eval_max_response_len": data.eval_max_response_len,
         "response_budget": recipe.custom.aclarena_response_budget or "total",
     }
+    values.update(kind=recipe.kind, weight_decay=algorithm.weight_decay, adam_beta1=algorithm.adam_beta1,
+                  adam_beta2=algorithm.adam_beta2, kl_loss_type=algorithm.kl_loss_type,
+                  kl_coef=algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0)  # fmt: skip
+    if algorithm.use_kl_loss and algorithm.kl_loss_coef <= 0:
+        raise RecipeError(f"{recipe.name}: algorithm.use_kl_loss=true needs algorithm.kl_loss_coef > 0")
     if recipe.lora.enabled:
         values["lora"] = {**recipe.lora.to_dict(), "adapter_name": recipe.lora.adapter_name or data.env}
-    elif recipe.kind == "rl":
-        warnings.warn(
-            f"{recipe.name}: lora.enabled=false (full fine-tuning); the local backend trains a LoRA expert "
-            "instead (its default: rank 8, alpha 16 on the four linears; lora=r16_a32 for the paper's)",
-            stacklevel=2,
-        )
+    else:
+        values["full_finetune"] = True
+    if recipe.kind == "sft":
+        values["sft_filter"] = recipe.custom.aclarena_sft_filter
+        values["sft_epochs"] = int(algorithm.extra.get("num_epoch") or 1)
+    replay = recipe.custom.aclarena_replay
+    if replay is not None and replay.enabled and replay.data:
+        values["replay"] = {
+            **{k: v for k, v in dataclasses.asdict(replay).items() if k != "data"},
+            "current": replay.current or data.env,
+            "domains": list(replay.data),
+            "env_config": {tag: dict(recipe.env_config.get(tag) or {}) for tag in replay.data},
+        }
+    load = recipe.checkpoint.load
+    if isinstance(load, str) and (Path(load) / "config.json").is_file():
+        values["backbone"] = load  # the model a previous local stage fine-tuned in full (cluster.local's wins)
     if local.get("warm_start_steps") and not local.get("warm_start_demos"):
         warnings.warn(
             f"cluster.local: no warm_start_demos for env {data.env!r} (recipes/env/local/{data.env}.yaml); this "
@@ -148,28 +173,38 @@ def check_honoured(recipe: StageRecipe) -> None:
         warnings.warn(f"{recipe.name}: {message}", stacklevel=3)
 
 
-def local_config(recipe: StageRecipe) -> Any:
-    from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
-
+def local_config(recipe: StageRecipe) -> LocalStageConfig:
+    """The recipe as the local stage's settings; a setting that cannot work is a :class:`RecipeError`."""
     try:
         return LocalStageConfig.from_mapping(local_settings(recipe))
     except LocalConfigError as exc:
         raise RecipeError(f"{recipe.name} on the local backend: {exc}") from exc
 
 
+def local_plan(cfg: LocalStageConfig) -> str:
+    """What ``--dry-run`` prints for a local stage: its phases and every resolved setting."""
+    phases = []
+    if cfg.warm_start_steps:
+        phases.append(f"warm start ({cfg.warm_start_steps} SFT steps on {cfg.warm_start_demos} gold demos)")
+    if cfg.kind == "sft":
+        phases.append(f"SFT ({cfg.sft_epochs} epoch(s) on teacher rollouts kept by {cfg.sft_filter})")
+    else:
+        phases.append(f"GRPO ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples)")
+    policy = "full fine-tuning (every parameter)" if cfg.full_finetune else f"LoRA expert {cfg.expert_name!r}"
+    kl = f"KL {cfg.kl_loss_type} x {cfg.kl_coef} to the starting policy" if cfg.kl_coef else "no KL term"
+    lines = [
+        f"# local plan: env {cfg.env}, model {cfg.model_source}, seed {cfg.seed}",
+        f"# phases: {' -> '.join(phases)}",
+        f"# policy: {policy}; AdamW lr {cfg.lr}; {kl}",
+        f"# outputs: {cfg.output_dir}",
+    ]
+    return "\n".join(lines + ["#   " + line for line in json.dumps(cfg.to_dict(), indent=2, default=str).splitlines()])
+
+
 def run_local(recipe: StageRecipe) -> dict[str, Any]:
-    """Run the stage on the local backend; returns its metrics and where the adapter is."""
+    """Run the stage on the local backend; returns its metrics and where the policy is."""
     from aclarena_slime.local.stage import run_stage
 
     cfg = local_config(recipe)
-    if recipe.kind == "sft":  # a warm start: teacher rollouts, the recipe's filter, SFT (aclarena_slime.local.sft_stage)
-        from aclarena_slime.local.sft_stage import filter_settings, run_sft_stage
-
-        try:
-            settings = filter_settings(dataclasses.asdict(recipe.custom.aclarena_sft_filter))
-        except ValueError as exc:
-            raise RecipeError(f"custom.aclarena_sft_filter: {exc}") from exc
-        metrics = run_sft_stage(cfg, settings, epochs=int(recipe.algorithm.extra.get("num_epoch") or 1))
-    else:
-        metrics = run_stage(cfg)
-    return {"metrics": metrics, "adapter": str(cfg.adapter_dir), "output_dir": cfg.output_dir}
+    metrics = run_stage(cfg)
+    return {"metrics": metrics, "policy": str(cfg.policy_dir), "full": cfg.full_finetune, "output_dir": cfg.output_dir}

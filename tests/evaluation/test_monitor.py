@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aclarena_slime.curriculum.monitor import ForgettingMonitor, MonitorError, MonitorSettings
+from aclarena_slime.evaluation.monitor import ForgettingMonitor, MonitorError, MonitorSettings
 
 
 def run(scores_by_step: dict[int, dict[str, float]], **settings) -> ForgettingMonitor:

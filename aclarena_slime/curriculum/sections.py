@@ -1,0 +1,118 @@
+"""The recipe sections a curriculum writes into a stage: lineage, KL anchor, replay, monitor.
+
+The curriculum describes what a stage is in its recipe and nothing else; each backend reads the sections
+and runs them (or refuses them, naming the setting). Nothing here imports a backend.
+
+- lineage: the stage starts from its source's checkpoint (slime) or adapter (``cluster.local.base_adapter``).
+- KL anchor: ``algorithm.use_kl_loss`` with the previous stage as the reference (``checkpoint.ref_load``
+  on slime; the local backend's reference is the policy the stage starts from, its ``base_adapter``).
+- replay: ``custom.aclarena_replay`` and the balanced data source; the earlier stages' env settings and
+  services join the stage's, so the multi-env rollout can run every replayed prompt. The local backend
+  mixes the earlier envs' records into its own with the same balancer and weights.
+- monitor: the earlier domains checked while the stage trains. The local backend runs the check itself
+  (``cluster.local.monitor``); slime runs the datasets as its ``--eval-config``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aclarena_slime.curriculum.config import KlAnchorSettings
+from aclarena_slime.distill.balanced_source import ReplaySettings
+from aclarena_slime.evaluation.monitor import MonitorSettings, monitor_suite
+from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError
+from aclarena_slime.slime_edge import path as hook_path
+
+DATA_SOURCE = hook_path("balanced_data_source")
+
+
+def lineage_overrides(source: dict[str, Any] | None) -> list[str]:
+    """Hydra overrides that start a stage from ``source``'s output (a checkpoint, else an adapter)."""
+    if source is None:
+        return []
+    if source.get("checkpoint"):
+        out = [f"checkpoint.load={source['checkpoint']}"]  # ref_load follows load unless a recipe says otherwise
+        if source.get("hf_checkpoint"):  # SGLang serves the weights Megatron loads (LoRA syncs only the adapter)
+            out.append(f"model.hf_checkpoint={source['hf_checkpoint']}")
+        return out
+    if source.get("adapter"):
+        return [f"++cluster.local.base_adapter={source['adapter']}"]
+    raise ValueError(f"stage {source['name']} left neither a checkpoint nor an adapter to start from")
+
+
+def anchor_overrides(settings: KlAnchorSettings, source: dict[str, Any] | None) -> list[str]:
+    """The KL-anchor baseline's overrides: the KL loss on, its reference the source stage's checkpoint."""
+    if not settings.enabled:
+        return []
+    out = ["++algorithm.use_kl_loss=true", f"++algorithm.kl_loss_coef={settings.coef}",
+           f"++algorithm.kl_loss_type={settings.loss_type}"]  # fmt: skip
+    if source is not None and source.get("checkpoint"):  # explicit: a recipe pinning ref_load to the base loses
+        out.append(f"++checkpoint.ref_load={source['checkpoint']}")
+    return out
+
+
+def attach_replay(recipe: Any, settings: ReplaySettings, earlier: Sequence[Any]) -> Any:
+    """Make ``recipe`` (stage k) replay the domains of the ``earlier`` stage recipes; returns it."""
+    own = recipe.data.env
+    previous = {r.data.env: r for r in earlier if r.data.env != own}  # the latest stage of each domain
+    if not settings.enabled or not previous:
+        return recipe
+    if recipe.plugins.data_source_path not in (None, DATA_SOURCE):
+        raise ValueError(f"replay: stage {recipe.name} already has a data source ({recipe.plugins.data_source_path})")
+    recipe.plugins.data_source_path = DATA_SOURCE
+    recipe.custom.aclarena_replay = dataclasses.replace(
+        settings, current=own, data={tag: r.data.prompt_data for tag, r in previous.items()}
+    )
+    adopt_envs(recipe, list(previous.values()))  # the multi-env rollout needs every replayed env
+    return recipe
+
+
+def adopt_envs(recipe: Any, earlier: Sequence[Any]) -> None:
+    """Give ``recipe`` the env settings and services of the ``earlier`` stages' envs (its own win)."""
+    for r in earlier:
+        recipe.env_config.setdefault(r.data.env, copy.deepcopy(r.env_config.get(r.data.env) or {}))
+        for name, service in r.services.items():
+            recipe.services.setdefault(name, service)
+
+
+def attach_monitor(
+    recipe: Any, settings: MonitorSettings, domains: list[str], local: bool, earlier: Sequence[Any] = ()
+) -> Any:
+    """Give a stage recipe its monitor over ``domains`` (the earlier env tags); returns the recipe.
+
+    ``local`` (the stage runs on the local backend, :func:`aclarena_slime.launcher.backend.runs_local`):
+    ``cluster.local.monitor``, run by the local runner. Slime: an ``--eval-config`` beside the stage's
+    outputs holding the stage's own eval datasets and the earlier domains', run every ``interval``
+    rollouts; the ``earlier`` stage recipes lend their env settings and services, so slime's eval can run
+    their envs.
+    """
+    domains = [d for d in dict.fromkeys(domains) if d and d != recipe.data.env]
+    if not settings.enabled or not domains:
+        return recipe
+    if local:
+        recipe.cluster.local["monitor"] = {**settings.to_dict(), "domains": domains}
+        return recipe
+    import yaml
+
+    from aclarena_slime.evaluation.slime_config import slime_eval_config
+
+    own = tuple(
+        EvalDataset(name=name, env=recipe.data.env, path=path, max_response_len=recipe.rollout.rollout_max_response_len)
+        for name, path in recipe.data.eval_prompt_data.items()
+    )
+    if not settings.suite:
+        raise SuiteError("monitor.suite is required on the slime backend: its eval config reads data files")
+    watched = monitor_suite(settings, domains, slime=True)
+    adopt_envs(recipe, [r for r in earlier if r.data.env in domains])
+    config = slime_eval_config(EvalSuite("monitor", own + watched.datasets), recipe.paths.data)
+    path = Path(recipe.run_dir) / "monitor_eval_config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    recipe.data.eval_prompt_data = {}  # slime reads --eval-config instead; the stage's own sets are in it
+    recipe.extra["eval_config"] = str(path)
+    recipe.extra["eval_interval"] = settings.interval
+    return recipe

@@ -1,0 +1,30 @@
+"""The replay baseline on the local backend: the mixture of the stage's records with the earlier domains'."""
+
+from __future__ import annotations
+
+from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.records import replay_mixture, replay_records
+
+
+def test_replay_records_hold_the_share_in_every_step():
+    own = [{"prompt": f"own {i}", "metadata": {"env": "c"}} for i in range(12)]
+    earlier = {t: [{"prompt": f"{t} {i}", "metadata": {"env": t}} for i in range(12)] for t in ("a", "b")}
+    values = {"enabled": True, "share": 0.5, "rule": "uniform", "current": "c", "domains": ["a", "b"]}
+    records = replay_records(values, own, earlier, seed=0, per_step=4)
+    assert len(records) == 12
+    for step in range(3):
+        tags = [r["metadata"]["env"] for r in records[4 * step : 4 * step + 4]]
+        assert tags.count("c") == 2 and sorted(set(tags) - {"c"}) <= ["a", "b"]
+    assert [r["metadata"]["env"] for r in records].count("a") == 3
+    assert [r["prompt"] for r in records if r["metadata"]["env"] == "c"] == [f"own {i}" for i in range(6)]
+
+
+def test_the_replay_mixture_mixes_real_env_records():
+    cfg = LocalStageConfig(
+        env="ifeval", output_dir="unused", steps=2, prompts_per_step=4, progress=False,
+        replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
+    )  # fmt: skip
+    own = [{"prompt": "p", "metadata": {"env": "ifeval"}}] * 8
+    records = replay_mixture(cfg, own, {"ifeval": {}, "math": {}})
+    assert [r["metadata"]["env"] for r in records].count("math") == 4
+    assert replay_mixture(LocalStageConfig(env="ifeval", output_dir="x"), own, {}) is own
