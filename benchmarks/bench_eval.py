@@ -24,9 +24,9 @@ from rich.table import Table
 from aclarena_slime.analysis.entropy import compare, stats_from_top_logprobs
 from aclarena_slime.evaluation import RunSettings, parse_suite, run_suite
 from aclarena_slime.experts import ExpertTable
+from aclarena_slime.local.tiny_model import build_tiny_tokenizer
 from aclarena_slime.sglang_client import SGLangClient, new_session
 from aclarena_slime.testing.fake_sglang import FakeSGLang
-from aclarena_slime.local.tiny_model import build_tiny_tokenizer
 
 
 async def runner_rate(n: int, concurrency: int) -> float:

@@ -33,12 +33,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 from aclarena_slime.plugin import hostile, registry
 from aclarena_slime.plugin.contract import Environment, Observation, Task
 from aclarena_slime.slime_edge.rollout import close_context, generate, reward
 from aclarena_slime.testing.fake_sglang import FakeSGLang
 from aclarena_slime.testing.samples import FakeSample, make_args
-from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 
 ENVS = ("search", "retail", "ifeval", "mock", "template", "learnable", "math")
 WRITE_TOOLS = (

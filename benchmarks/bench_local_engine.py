@@ -32,8 +32,8 @@ from rich.table import Table
 
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel, token_log_probs
-from aclarena_slime.sglang_client import SGLangClient, output_tokens
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
+from aclarena_slime.sglang_client import SGLangClient, output_tokens
 
 TOPICS = ["numbers", "the sea", "a fox", "Paris", "tools", "prime numbers", "a long journey", "json"]
 

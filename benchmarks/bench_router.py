@@ -82,8 +82,8 @@ def serve_engine(workdir: Path, delay_ms: float) -> None:
     """Child process: a fake engine on a free loopback port; prints its URL, serves until killed."""
     from transformers import AutoTokenizer
 
-    from aclarena_slime.testing.fake_sglang import FakeSGLang
     from aclarena_slime.local.tiny_model import save_tiny_checkpoint
+    from aclarena_slime.testing.fake_sglang import FakeSGLang
 
     tokenizer = AutoTokenizer.from_pretrained(save_tiny_checkpoint(workdir / "tok"))
 

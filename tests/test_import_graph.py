@@ -36,24 +36,14 @@ LAYERS: list[set[str]] = [
     {"agent_loop", "rollout", "group_rewards"},  # the one shared rollout
     {"lora", "router", "distill"},
     {"slime_edge"},  # every function slime loads by dotted path
-    {"recipes", "testing"},  # the stage spec and its compiler; test doubles for slime's side
-    {"evaluation", "analysis"},
+    {"evaluation", "analysis"},  # suites, the runner, the forgetting monitor; tables and plots
+    {"recipes"},  # the stage spec, its compiler (which writes the eval suite as --eval-config) and lineage
     {"local"},  # the local backend
-    {"launcher"},  # picks a backend and runs a stage on it
+    {"launcher", "testing"},  # picks a backend and runs a stage on it; the pytest plugin and slime-side doubles
     {"curriculum"},  # writes recipe sections, runs stages through the launcher
     {"cli", "__main__"},
 ]
 BACKENDS = ("aclarena_slime.local",)  # what the curriculum never imports
-
-# Circle 1 of issue 24, being removed on the runner's branch: its modules' edges are exempt here
-# until that branch merges, when this set is emptied.
-PENDING_ON_RUNNER_BRANCH = {
-    "aclarena_slime.curriculum.replay",
-    "aclarena_slime.evaluation.monitor",
-    "aclarena_slime.launcher.local_stage",
-    "aclarena_slime.local.sft_stage",
-    "aclarena_slime.local.stage",
-}
 
 
 def modules(root: Path, name: str) -> dict[str, tuple[Path, bool]]:
@@ -151,7 +141,7 @@ GRAPH = import_graph(PACKAGE, "aclarena_slime")
 
 
 def test_no_import_circles():
-    found = [c for c in circles(GRAPH) if not set(c) <= PENDING_ON_RUNNER_BRANCH]
+    found = circles(GRAPH)
     edges = [f"{a} -> {b}" for c in found for a in c for b in sorted(GRAPH[a] & set(c))]
     assert not found, "import circles:\n  " + "\n  ".join(edges)
 
@@ -160,7 +150,6 @@ def test_no_upward_arrows():
     upward = [
         f"{a} ({unit(a)}) -> {b} ({unit(b)})"
         for a in sorted(GRAPH)
-        if a not in PENDING_ON_RUNNER_BRANCH
         for b in sorted(GRAPH[a])
         if layer_of(b) > layer_of(a)
     ]
@@ -171,16 +160,11 @@ def test_the_curriculum_imports_no_backend():
     found = [
         f"{a} -> {b}"
         for a in sorted(GRAPH)
-        if unit(a) == "curriculum" and a not in PENDING_ON_RUNNER_BRANCH
+        if unit(a) == "curriculum"
         for b in sorted(GRAPH[a])
         if b.startswith(BACKENDS)
     ]
     assert not found, "the curriculum imports a backend:\n  " + "\n  ".join(found)
-
-
-def test_every_pending_module_still_exists():
-    """An exemption for a module that is gone hides nothing; the set must shrink with the tree."""
-    assert PENDING_ON_RUNNER_BRANCH <= set(GRAPH), sorted(PENDING_ON_RUNNER_BRANCH - set(GRAPH))
 
 
 @pytest.mark.parametrize("env", sorted(p.name for p in (REPO / "envs").iterdir() if (p / "__init__.py").exists()))

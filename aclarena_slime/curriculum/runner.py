@@ -28,7 +28,6 @@ from aclarena_slime.curriculum.config import (
 )
 from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
-from aclarena_slime.curriculum.lineage import check_ckpt_step
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.sections import anchor_overrides, attach_monitor, attach_replay, lineage_overrides
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend, runs_local
@@ -38,6 +37,7 @@ from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_
 from aclarena_slime.lora.checkpoint import adapter_checkpoint_root, latest_iteration
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
+from aclarena_slime.recipes.lineage import check_ckpt_step
 from aclarena_slime.recipes.schema import StageRecipe
 
 StageRunner = Callable[[StageRecipe], StageResult]

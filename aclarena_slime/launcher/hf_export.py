@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from aclarena_slime.curriculum.lineage import iteration_dir
+from aclarena_slime.recipes.lineage import iteration_dir
 from aclarena_slime.recipes.schema import StageRecipe
 
 # HF names of the tensors whose first dimension is the vocabulary (Qwen3 / Llama layout).

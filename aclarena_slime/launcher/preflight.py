@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.curriculum.lineage import iteration_dir
 from aclarena_slime.launcher.hf_export import origin_dir, vocab_mismatch, vocab_size
 from aclarena_slime.recipes.addresses import is_loopback, nodes_needed
 from aclarena_slime.recipes.compiler import SlimeCommand, is_megatron_checkpoint
 from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS
+from aclarena_slime.recipes.lineage import iteration_dir
 from aclarena_slime.recipes.schema import StageRecipe
 
 # What slime's image at slime 624b824 pins (docker/Dockerfile; the shared notes on slime): name ->

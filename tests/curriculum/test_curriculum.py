@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from aclarena_slime.curriculum.config import load_curriculum
-from aclarena_slime.curriculum.lineage import saves_iteration
+from aclarena_slime.recipes.lineage import saves_iteration
 from aclarena_slime.curriculum.manifest import DONE, MANIFEST_NAME
 from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum, stage_recipe
 from aclarena_slime.launcher.stage import StageResult

@@ -55,11 +55,11 @@ def flag(argv: list[str], name: str) -> list[str] | None:
 
 def test_doctor_checks_the_iteration_folder_exists(tmp_path: Path, routable):
     recipe = load("mle_search", tmp_path)
-    (Path(recipe.checkpoint.load) / "iter_0000499").mkdir(parents=True)
+    (Path(recipe.checkpoint.load) / "iter_0000999").mkdir(parents=True)
     assert [c.status for c in preflight.check_iteration(recipe)] == ["ok"]
-    recipe.checkpoint.ckpt_step = 500  # what the recipes said before: never written
+    recipe.checkpoint.ckpt_step = 1000  # what the recipes said before: never written
     (check,) = preflight.check_iteration(recipe)
-    assert check.status == "fail" and "iter_0000500 does not exist (there: iter_0000499)" in check.detail
+    assert check.status == "fail" and "iter_0001000 does not exist (there: iter_0000999)" in check.detail
 
 
 # --- item 2: the export SGLang serves ------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_the_export_command_strips_megatrons_vocab_padding(tmp_path: Path, routa
     recipe = load("mle_search", tmp_path)
     argv = export_argv(recipe, recipe.model.hf_checkpoint)
     assert flag(argv, "--vocab-size") == ["151936"]
-    assert flag(argv, "--input-dir") == [f"{recipe.checkpoint.load}/iter_0000499"]
+    assert flag(argv, "--input-dir") == [f"{recipe.checkpoint.load}/iter_0000999"]
 
 
 def test_a_padded_export_is_found_by_its_rows(tmp_path: Path):
@@ -94,7 +94,7 @@ def test_a_padded_export_is_found_by_its_rows(tmp_path: Path):
 
 def test_the_launcher_makes_the_export_once_and_checks_it(tmp_path: Path, routable):
     recipe = load("mle_search", tmp_path, "model.architecture.vocab_size=16")
-    (Path(recipe.checkpoint.load) / "iter_0000499").mkdir(parents=True)
+    (Path(recipe.checkpoint.load) / "iter_0000999").mkdir(parents=True)
     calls = []
 
     def converter(rows):  # slime's converter needs Megatron-LM: a stand-in writing what it would
