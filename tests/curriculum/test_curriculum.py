@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from aclarena_slime.curriculum.config import load_curriculum
-from aclarena_slime.recipes.lineage import saves_iteration
 from aclarena_slime.curriculum.manifest import DONE, MANIFEST_NAME
 from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum, stage_recipe
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.recipes.lineage import saves_iteration
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
