@@ -1,4 +1,4 @@
-"""The ``local`` backend: a stage recipe on a CPU, no slime and no GPU (its scope: docs/notes-local-backend.md).
+"""The ``local`` backend: a stage recipe on a CPU, no slime and no GPU (its scope: docs/local-backend.md).
 
 :mod:`.spec` maps the recipe onto :class:`.config.LocalStageConfig` and refuses what the backend cannot
 run; :func:`.stage.run_stage` is the one runner (warm start, SFT or GRPO; a LoRA expert or full

@@ -41,7 +41,7 @@ class EngineSettings:
     wait in a queue. ``max_prefill_tokens``: the most prompt tokens (padded) one prefill forward takes,
     so a burst of long prompts joins over a few steps instead of stalling the decode; a longer prompt
     still runs, alone. The defaults suit a 2-core laptop and the tiny models: one GRPO step of
-    8 prompts x 8 samples decodes as one batch (``docs/notes-engine.md`` has the measurements).
+    8 prompts x 8 samples decodes as one batch (``docs/local-engine.md`` has the measurements).
     """
 
     max_running_requests: int = 64

@@ -7,7 +7,7 @@ weights (Llama/Qwen2/Qwen3-shaped decoders: ``model.layers[i].self_attn.{q,k,v,o
 (slot) per sequence: a prefill writes the rows of new sequences, a decode step appends one token to
 every live row and attends under a mask of each row's length. LoRA adapters are applied per row,
 grouped by adapter (``x[rows] @ A.T @ B.T`` added back to those rows): on CPU that measured 6-16x
-faster than a per-row gather of the adapter weights (``docs/notes-engine.md``).
+faster than a per-row gather of the adapter weights (``docs/local-engine.md``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class LoraBatch:
     ([sum of ranks, out]); a 0/1 mask keeps, for each row, the rank columns of its own adapter (none
     for a row on the base model). Two matmuls and a multiply per projection whatever the mix: on CPU
     that measured faster than gathering each row's weights (a batched matmul over copies) or
-    indexing the rows of each adapter in and out (``docs/notes-engine.md``). When the rows of each
+    indexing the rows of each adapter in and out (``docs/local-engine.md``). When the rows of each
     adapter are contiguous (a prefill, whose rows the engine orders by adapter), ``segments`` apply
     each adapter to its slice of rows only, and rows on the base model cost nothing.
     """
