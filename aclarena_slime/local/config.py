@@ -11,12 +11,16 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.lora.config import LoraConfig, LoraConfigError
 from aclarena_slime.plugin.settings import from_mapping
-from aclarena_slime.rollout import RESPONSE_BUDGETS
-from aclarena_slime.slime_edge.custom import SftFilterSettings
+
+if TYPE_CHECKING:
+    from aclarena_slime.slime_edge.custom import SftFilterSettings
+
+# The rollout's and the slime edge's modules (RESPONSE_BUDGETS, SftFilterSettings) load aiohttp: they are
+# imported where a stage's settings are checked, so `aclarena --help` (which reads EngineSettings) stays light.
 
 KINDS = ("rl", "sft")  # GRPO (after an optional warm start), or an SFT warm-start stage
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")  # slime's --kl-loss-type
@@ -176,6 +180,8 @@ class LocalStageConfig:
             raise LocalConfigError(f"eval_top_p must be in (0, 1], got {self.eval_top_p!r}")
         if self.eval_max_response_len is not None and self.eval_max_response_len < 1:
             raise LocalConfigError(f"eval_max_response_len must be positive, got {self.eval_max_response_len!r}")
+        from aclarena_slime.rollout import RESPONSE_BUDGETS
+
         if self.response_budget not in RESPONSE_BUDGETS:
             raise LocalConfigError(f"response_budget must be one of {RESPONSE_BUDGETS}, got {self.response_budget!r}")
         if isinstance(self.lora, Mapping):
@@ -220,6 +226,8 @@ class LocalStageConfig:
         if self.kind not in KINDS:
             raise LocalConfigError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if isinstance(self.sft_filter, Mapping):
+            from aclarena_slime.slime_edge.custom import SftFilterSettings
+
             try:
                 object.__setattr__(self, "sft_filter", SftFilterSettings(**dict(self.sft_filter)))
             except (TypeError, ValueError) as exc:
