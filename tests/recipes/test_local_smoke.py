@@ -34,4 +34,7 @@ def test_recipe_runs_two_steps_on_the_local_backend(name: str, tmp_path: Path, c
     assert main([str(REPO / f"recipes/{name}.yaml"), "cluster=local", *overrides]) == 0, capsys.readouterr().err
     metrics = json.loads((tmp_path / "runs" / name / "local" / "metrics.json").read_text())
     assert len(metrics["steps"]) == 2 and metrics["eval_after"]["n"] == 1
-    assert (tmp_path / "runs" / name / "local" / "adapter" / "adapter_config.json").exists()
+    # the policy the recipe trains: a LoRA expert (PEFT folder) or, for full fine-tuning, the whole model
+    policy = Path(metrics.get("policy_dir") or metrics["adapter_dir"])
+    assert policy.parent == tmp_path / "runs" / name / "local"
+    assert (policy / ("adapter_config.json" if metrics["expert"] else "config.json")).exists()
