@@ -20,19 +20,11 @@ from aclarena_slime.launcher import preflight, ray_job, stage
 from aclarena_slime.launcher.backend import BackendChoice
 from aclarena_slime.launcher.hf_export import ExportError, ensure_export, export_argv, vocab_mismatch
 from aclarena_slime.launcher.preflight_cluster import cluster_checks
-from aclarena_slime.recipes import addresses
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.slime_edge import path as hook_path
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD = "10.9.8.7"
-
-
-@pytest.fixture
-def routable(monkeypatch):
-    monkeypatch.setattr(addresses, "routable_ip", lambda: HEAD)
-    return HEAD
 
 
 def load(name: str, tmp: Path, *overrides: str):

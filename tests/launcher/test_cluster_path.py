@@ -26,14 +26,8 @@ from aclarena_slime.recipes.flags import DEPRECATED_SGLANG_FLAGS, UnknownFlagErr
 REPO = Path(__file__).resolve().parents[2]
 MLE = sorted(p.stem for p in (REPO / "recipes").glob("mle_*.yaml"))
 CLUSTERS = sorted(p.stem for p in (REPO / "recipes" / "cluster").glob("*.yaml"))
-HEAD = "10.9.8.7"
+HEAD = "10.9.8.7"  # the routable fixture's address (conftest.py)
 
-
-@pytest.fixture
-def routable(monkeypatch):
-    """This machine's default-route address, as the recipe loader sees it (a real one may not exist in CI)."""
-    monkeypatch.setattr(addresses, "routable_ip", lambda: HEAD)
-    return HEAD
 
 
 def load(name: str, tmp: Path, *overrides: str):

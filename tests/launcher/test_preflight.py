@@ -14,16 +14,11 @@ import pytest
 
 from aclarena_slime.launcher import preflight
 from aclarena_slime.launcher.preflight import Check
-from aclarena_slime.recipes import addresses
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture
-def routable(monkeypatch):
-    monkeypatch.setattr(addresses, "routable_ip", lambda: "10.9.8.7")
 
 
 def load(name: str, tmp: Path, *overrides: str):
