@@ -129,7 +129,13 @@ class PolicyTrainer:
     """
 
     def __init__(
-        self, model: Any, settings: TrainSettings, pad_id: int = 0, full: bool = False, tokenizer: Any = None
+        self,
+        model: Any,
+        settings: TrainSettings,
+        pad_id: int = 0,
+        full: bool = False,
+        tokenizer: Any = None,
+        reference: Any = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer  # saved beside a fully fine-tuned model
@@ -145,9 +151,11 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay
         )
-        # The KL reference: a frozen copy of the policy the stage starts from (only when there is a KL term).
-        self.reference = copy.deepcopy(self.model).eval() if settings.kl_coef > 0 else None
-        if self.reference is not None:
+        # The KL reference: a frozen copy of the policy the stage starts from (only when there is a KL term),
+        # unless one is given (experts on one backbone share it: :mod:`aclarena_slime.local.parallel_mle`).
+        self.reference = reference
+        if self.reference is None and settings.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
 

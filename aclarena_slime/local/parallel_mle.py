@@ -1,0 +1,301 @@
+"""Parallel MLE on the local backend: every env's LoRA expert trained side by side on one frozen backbone.
+
+With the backbone frozen the experts do not depend on each other, so one job trains them all: one engine
+serves every expert (each request carries ``lora_path`` = the expert of its env tag, and the engine mixes
+adapters within a batch), one :class:`MultiExpertTrainer` holds one PEFT model with N named adapters on a
+single copy of the backbone, and each env's samples train only that env's adapter (the adapter is
+selected for the env's micro-batches; the others see no gradient and keep their own optimiser). Each step
+rolls out every expert's prompts at once, takes one GRPO step per expert, and syncs each adapter to the
+engine (unload + load, as on slime). Outputs::
+
+    base_model/         the tiny model, when model="tiny"
+    experts/<tag>/      one PEFT folder per expert (the served adapter)
+    experts.json        the manifest (ExpertTable): env tag -> expert
+    metrics.json        per expert: held-out reward before and after, per-step figures
+
+Each expert's settings are a :class:`LocalStageConfig` (env, data, optimiser, LoRA); they share the
+backbone (``model_source``, seed, tiny shape) and the engine settings. Seeds are the same as a stage
+alone: an expert trained here starts from the same adapter, sees the same records and sampling seeds,
+and takes the same optimiser steps as when :func:`~aclarena_slime.local.stage.run_stage` trains it alone
+(tests/local/test_parallel_mle.py bounds the difference).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import os
+import shutil
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aclarena_slime.experts import ExpertTable
+from aclarena_slime.jsonl import write_json_atomic
+from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+from aclarena_slime.local.engine import LocalEngine
+from aclarena_slime.local.generation import MultiLoraModel
+from aclarena_slime.local.records import bind_engine, stage_records
+from aclarena_slime.local.stage import (
+    evaluate,
+    rollout_figures,
+    rollout_step,
+    stage_model,
+    to_train_sample,
+    train_settings,
+)
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
+from aclarena_slime.lora.config import LoraConfig
+from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens
+
+# Settings every expert must share: they describe the one backbone and the one engine.
+SHARED_FIELDS = (
+    "model_source", "seed", "tiny_vocab_size", "tiny_hidden_size", "tiny_layers", "max_running_requests",
+    "max_prefill_tokens", "served_name", "engine_host", "engine_port", "torch_threads", "micro_batch_size",
+    "max_response_len", "response_budget",
+)  # fmt: skip
+
+
+class BackboneView:
+    """The shared backbone with every adapter off: the KL reference of each expert (the policy a LoRA stage
+    starts from, B = 0), without a second copy of the backbone."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, **inputs: Any) -> Any:
+        with self.model.disable_adapter():
+            return self.model(**inputs)
+
+
+class MultiExpertTrainer:
+    """N LoRA experts on one backbone: one PEFT model holding N named adapters, one optimiser per expert.
+
+    Each expert is a :class:`PolicyTrainer` over the shared model whose parameters are that adapter's only;
+    :meth:`step` selects the expert's adapter for its samples, so a sample's loss reaches its own adapter
+    and no other (the others are inactive: no gradient, no optimiser step).
+    """
+
+    def __init__(self, model: Any, experts: Mapping[str, PolicyTrainer]) -> None:
+        self.model = model
+        self.experts = dict(experts)
+
+    @classmethod
+    def build(
+        cls, model_dir: str | Path, experts: Mapping[str, tuple[TrainSettings, LoraConfig]], seed: int = 0
+    ) -> MultiExpertTrainer:
+        """Load the backbone once and add one fresh adapter per expert, each initialised from ``seed`` as
+        :meth:`PolicyTrainer.build` initialises a lone expert (so side by side equals alone)."""
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not experts:
+            raise ValueError("parallel MLE needs at least one expert")
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        for name, (_, lora) in experts.items():
+            config = PeftLoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.hf_target_modules()),
+                bias="none",
+            )
+            torch.manual_seed(seed)  # the same draw as a lone expert's fresh adapter
+            if hasattr(model, "add_adapter") and hasattr(model, "peft_config"):
+                model.add_adapter(name, config)
+            else:
+                model = get_peft_model(model, config, adapter_name=name)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        reference = BackboneView(model)
+        trainers = {}
+        for name, (settings, _) in experts.items():
+            model.set_adapter(name)  # marks this adapter's parameters (only) trainable
+            needs_reference = settings.kl_coef > 0
+            trainers[name] = PolicyTrainer(
+                model, settings, pad_id=int(pad or 0), reference=reference if needs_reference else None
+            )
+        return cls(model, trainers)
+
+    def step(self, name: str, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One GRPO step of expert ``name`` on its own samples (its adapter alone is active and trainable)."""
+        if name not in self.experts:
+            raise KeyError(f"no expert {name!r}; experts: {sorted(self.experts)}")
+        self.model.set_adapter(name)
+        return self.experts[name].step(samples)
+
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """The expert's adapter tensors (PEFT names, without the adapter name), detached copies."""
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
+
+    def save(self, name: str, directory: str | Path) -> Path:
+        """Export expert ``name`` as its own PEFT folder, replacing ``directory`` atomically."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = directory.parent / f".{directory.name}.staging-{uuid.uuid4().hex[:8]}"
+        self.model.save_pretrained(str(staging), selected_adapters=[name])
+        written = staging / name if (staging / name).is_dir() else staging  # PEFT nests a named adapter
+        if directory.exists():
+            retired = directory.parent / f".{directory.name}.retired-{uuid.uuid4().hex[:8]}"
+            os.replace(directory, retired)
+            os.replace(written, directory)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(written, directory)
+        shutil.rmtree(staging, ignore_errors=True)
+        return directory
+
+
+def check_experts(cfgs: Sequence[LocalStageConfig]) -> None:
+    """Refuse expert settings that cannot share one backbone and one engine, naming them."""
+    if not cfgs:
+        raise LocalConfigError("parallel MLE needs at least one expert")
+    names = [c.expert_name for c in cfgs]
+    if len(set(names)) != len(names) or len({c.env for c in cfgs}) != len(cfgs):
+        raise LocalConfigError(f"parallel MLE trains one expert per env tag; got envs {[c.env for c in cfgs]}")
+    for cfg in cfgs:
+        refused = {
+            "kind": cfg.kind != "rl",
+            "full_finetune": cfg.full_finetune,
+            "warm_start_steps": bool(cfg.warm_start_steps),
+            "base_adapter": cfg.base_adapter is not None,
+            "monitor": bool(cfg.monitor),
+            "replay": bool(cfg.replay),
+        }
+        for key, bad in refused.items():
+            if bad:
+                raise LocalConfigError(
+                    f"parallel MLE expert {cfg.env!r}: {key}={getattr(cfg, key)!r} is not supported (the experts "
+                    "are fresh GRPO LoRA adapters on one frozen backbone)"
+                )
+        for key in SHARED_FIELDS:
+            if getattr(cfg, key) != getattr(cfgs[0], key):
+                raise LocalConfigError(
+                    f"parallel MLE experts share one backbone and engine: {key} is {getattr(cfgs[0], key)!r} for "
+                    f"{cfgs[0].env!r} but {getattr(cfg, key)!r} for {cfg.env!r}"
+                )
+
+
+def run_parallel_mle(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -> dict[str, Any]:
+    """Train every expert of ``cfgs`` side by side; returns the metrics (also ``output_dir/metrics.json``)."""
+    return asyncio.run(run_parallel_mle_async(cfgs, output_dir))
+
+
+@contextlib.asynccontextmanager
+async def _served(first: LocalStageConfig, cfgs: Sequence[LocalStageConfig], model_dir: Path) -> AsyncIterator[Any]:
+    """One engine on the backbone and one rollout context holding every expert's env."""
+    engine = LocalEngine(
+        MultiLoraModel.from_pretrained(model_dir, seed=first.seed, settings=first.engine_settings),
+        served_name=first.served_name,
+    )
+    async with engine.serve(first.engine_host, first.engine_port) as url:
+        context = RolloutContext(
+            engine_url=url,
+            load_chat=functools.partial(load_chat_tokens, str(model_dir)),
+            budgets=Budgets(max_response_len=first.max_response_len, mode=first.response_budget),
+            env_configs={c.env: bind_engine(c.env_config, url, first.served_name) for c in cfgs},
+            experts=ExpertTable.from_mapping({c.env: c.expert_name for c in cfgs}),
+        )
+        try:
+            yield engine, context
+        finally:
+            await context.aclose()
+
+
+async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -> dict[str, Any]:
+    check_experts(cfgs)
+    started, cpu_started = time.monotonic(), time.process_time()
+    out = Path(output_dir).resolve()
+    first = dataclasses.replace(cfgs[0], output_dir=str(out))
+    model_dir = stage_model(first)  # the one backbone (the tiny model is written once, under out/)
+    trainer = MultiExpertTrainer.build(
+        model_dir, {c.expert_name: (train_settings(c), c.lora) for c in cfgs}, seed=first.seed
+    )
+    dirs = {c.expert_name: out / "experts" / c.expert_name for c in cfgs}
+    async with _served(first, cfgs, model_dir) as (engine, context):
+        client = context.client()
+
+        async def sync(cfg: LocalStageConfig, loaded: bool) -> None:  # one adapter-only sync per expert
+            trainer.save(cfg.expert_name, dirs[cfg.expert_name])
+            await client.swap_adapter(cfg.expert_name, str(dirs[cfg.expert_name]), loaded=loaded)
+
+        for cfg in cfgs:
+            await sync(cfg, loaded=False)
+        splits = {c.env: stage_records(context.env(c.env), c) for c in cfgs}
+        limits = {c.env: asyncio.Semaphore(c.max_concurrency) for c in cfgs}
+
+        async def evaluate_all() -> list[dict[str, Any]]:
+            return list(
+                await asyncio.gather(*(evaluate(context, splits[c.env].evaluation, c, limits[c.env]) for c in cfgs))
+            )
+
+        before = await evaluate_all()
+        steps: dict[str, list[dict[str, Any]]] = {c.env: [] for c in cfgs}
+        for step in range(max(c.steps for c in cfgs)):
+            active = [c for c in cfgs if step < c.steps]
+            t0 = time.monotonic()
+            rolled = await asyncio.gather(
+                *(
+                    rollout_step(
+                        context,
+                        splits[c.env].train[step * c.prompts_per_step : (step + 1) * c.prompts_per_step],
+                        c,
+                        step,
+                        limits[c.env],
+                    )
+                    for c in active
+                )
+            )
+            for cfg, samples in zip(active, rolled, strict=True):
+                stats = await asyncio.to_thread(
+                    trainer.step, cfg.expert_name, [to_train_sample(s) for s in samples if s.usable]
+                )
+                await sync(cfg, loaded=True)
+                steps[cfg.env].append({"step": step, **rollout_figures(samples), **stats})
+            for cfg in active:
+                steps[cfg.env][-1]["seconds"] = round(time.monotonic() - t0, 3)
+        after = await evaluate_all()
+        generated = engine.generated_tokens
+    table = ExpertTable.from_mapping(
+        {
+            "base": {"name": first.served_name, "path": str(model_dir)},
+            "experts": {
+                c.env: {"adapter": c.expert_name, "path": f"experts/{c.expert_name}", "stage": "mle_parallel"}
+                for c in cfgs
+            },
+        },
+        root=out,
+    )
+    table.save(out / "experts.json")
+    result = {
+        "backend": "local",
+        "kind": "parallel_mle",
+        "seed": first.seed,
+        "model_dir": str(model_dir),
+        "experts": {
+            c.env: {
+                "expert": c.expert_name,
+                "adapter_dir": str(dirs[c.expert_name]),
+                "eval_before": b,
+                "eval_after": a,
+                "steps": steps[c.env],
+                "records": splits[c.env].counts(),
+                "config": c.to_dict(),
+            }
+            for c, b, a in zip(cfgs, before, after, strict=True)
+        },
+        "seconds": round(time.monotonic() - started, 2),
+        "cpu_seconds": round(time.process_time() - cpu_started, 2),
+        "engine_generated_tokens": generated,
+    }
+    write_json_atomic(out / "metrics.json", result)
+    return result
