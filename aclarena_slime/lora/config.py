@@ -72,6 +72,10 @@ class LoraConfig:
     # until no request holds the adapter (lora_registry.wait_for_unload), and a retracted request still
     # holds it, so a paused server would never finish the unload (checked in SGLang 0.5.15.post1).
     pause_mode: str = "abort"
+    # Parallel MLE: the env tags whose experts one job trains side by side on the frozen backbone, in
+    # adapter-index order (each adapted layer stacks them; each sample selects its own). Each expert is
+    # served, synced and exported under its tag. None: one adapter, ``adapter_name``.
+    experts: list[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, str):
@@ -96,10 +100,41 @@ class LoraConfig:
                 validate_adapter_name(self.adapter_name)
         except ExpertError as exc:
             raise LoraConfigError(f"lora adapter_name: {exc}") from exc
+        if self.experts is not None:
+            self.experts = list(self.experts)
+            if not self.experts or len(set(self.experts)) != len(self.experts):
+                raise LoraConfigError(f"lora experts must be distinct env tags, at least one, got {self.experts!r}")
+            for tag in self.experts:
+                try:
+                    validate_adapter_name(tag)
+                except ExpertError as exc:
+                    raise LoraConfigError(f"lora experts: {exc}") from exc
         if self.pause_mode not in PAUSE_MODES:
             raise LoraConfigError(f"lora pause_mode must be one of {PAUSE_MODES}, got {self.pause_mode!r}")
         if self.sglang_payload not in PAYLOAD_SCHEMAS:
             raise LoraConfigError(f"lora sglang_payload must be one of {PAYLOAD_SCHEMAS}, got {self.sglang_payload!r}")
+
+    @property
+    def num_adapters(self) -> int:
+        """How many adapters each adapted layer stacks (1 unless parallel MLE)."""
+        return len(self.experts) if self.experts else 1
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """The served names, in adapter-index order."""
+        if self.experts:
+            return list(self.experts)
+        if self.adapter_name is None:
+            raise LoraConfigError("lora adapter_name is not set")
+        return [self.adapter_name]
+
+    def adapter_index(self, tag: str) -> int:
+        """The adapter a sample of env ``tag`` trains (parallel MLE); an unknown tag is an error."""
+        if not self.experts:
+            return 0
+        if tag not in self.experts:
+            raise LoraConfigError(f"no parallel-MLE expert for env tag {tag!r}; experts: {self.experts}")
+        return self.experts.index(tag)
 
     def require_megatron_targets(self) -> None:
         """The Megatron actor adapts its fused linears only: refuse a Hugging Face module name."""

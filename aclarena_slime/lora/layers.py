@@ -9,7 +9,12 @@ Tensor parallelism (Hu et al. 2021 LoRA, sharded as in Megatron-Bridge's ``LoRAL
   the TP group (``copy_to_tensor_model_parallel_region``), so A and x get full gradients.
 - row-parallel base (``linear_proj``, ``linear_fc2``; input sharded): A sharded on its input, the
   partial ``A_t x_t`` summed over the group (``reduce_from_tensor_model_parallel_region``), B replicated.
-Sequence parallelism changes the input layout of the branch and is refused. TransformerEngine's
+Sequence parallelism changes the input layout of the branch and is refused.
+
+Several adapters (parallel MLE, ``LoraConfig.experts``): each layer stacks N adapters, A as ``[N*r, in]`` and
+B as ``[out, N*r]`` (so the TP layouts above hold unchanged), and every token selects one of them by its
+sample's adapter index (:func:`adapter_index`): ``h = A x`` is masked to the selected adapter's r rows
+before B, so a sample's gradient reaches only its own A and B blocks, as in multi-tenant LoRA trainers. TransformerEngine's
 ``TELayerNormColumnParallelLinear`` fuses the norm into the linear; the branch applies the layer's own
 norm weights itself so it sees the same normalised input as the base GEMM.
 """
@@ -41,6 +46,9 @@ class LoraLinearMixin:
     lora_layouts: dict[str, TPLayout]
     lora_scaling: float
     lora_enabled: bool
+    lora_num_adapters: int = 1
+    lora_rank: int
+    lora_adapter_index: torch.Tensor | None = None
 
     def lora_setup(self, key: str, target: str, config: LoraConfig, gated: bool) -> None:
         """Create A and B for this layer; ``key`` is the layer's global name, e.g. ``layers.3.linear_qkv``."""
@@ -59,12 +67,14 @@ class LoraLinearMixin:
         self.lora_parallel = "column" if column else "row"
         self.lora_scaling = config.scaling
         self.lora_enabled = True
+        self.lora_num_adapters, self.lora_rank = config.num_adapters, config.rank
+        self.lora_adapter_index = None
+        stacked = config.num_adapters * config.rank
         if column:
             self.lora_layouts = {"lora_A": REPLICATED, "lora_B": TPLayout(dim=0, glu=gated and target == "linear_fc1")}
-            a_shape, b_shape = (config.rank, in_local), (out_local, config.rank)
         else:
             self.lora_layouts = {"lora_A": TPLayout(dim=1), "lora_B": REPLICATED}
-            a_shape, b_shape = (config.rank, in_local), (out_local, config.rank)
+        a_shape, b_shape = (stacked, in_local), (out_local, stacked)
         factory = {"device": weight.device, "dtype": weight.dtype}
         self.lora_A = nn.Linear(a_shape[1], a_shape[0], bias=False, **factory)
         self.lora_B = nn.Linear(b_shape[1], b_shape[0], bias=False, **factory)
@@ -74,7 +84,8 @@ class LoraLinearMixin:
         full_a = torch.empty(config.rank, in_local * (1 if column else tp))
         generator = torch.Generator().manual_seed(config.init_seed + zlib.crc32(key.encode()))
         nn.init.kaiming_uniform_(full_a, a=math.sqrt(5), generator=generator)
-        self.lora_set_full("lora_A", full_a)
+        # Every stacked adapter starts as a lone adapter would (side by side equals alone).
+        self.lora_set_full("lora_A", full_a.repeat(config.num_adapters, 1))
         with torch.no_grad():
             self.lora_B.weight.zero_()
 
@@ -180,7 +191,22 @@ class LoraLinearMixin:
                 else reduce_from_tensor_model_parallel_region
             )
             h = mapping(h, group=self.lora_tp_group())
+        if self.lora_num_adapters > 1:
+            h = h * self._lora_selection(h)
         return self.lora_B(h) * self.lora_scaling
+
+    def _lora_selection(self, h: torch.Tensor) -> torch.Tensor:
+        """Per token, 1 on the r rows of its sample's adapter and 0 elsewhere (shape ``h.shape``)."""
+        index = self.lora_adapter_index
+        if index is None:
+            raise LoraConfigError(
+                f"{self.lora_key}: {self.lora_num_adapters} stacked adapters and no adapter index; set one with "
+                "set_adapter_index(model, index)"
+            )
+        if tuple(index.shape) != tuple(h.shape[:-1]):
+            raise ValueError(f"{self.lora_key}: adapter index of shape {tuple(index.shape)} for input {tuple(h.shape)}")
+        one_hot = F.one_hot(index.to(device=h.device, dtype=torch.long), self.lora_num_adapters).to(h.dtype)
+        return one_hot.repeat_interleave(self.lora_rank, dim=-1)
 
     def forward(self, input_: torch.Tensor, *args, **kwargs):  # noqa: D401 - megatron's signature
         out, bias = super().forward(input_, *args, **kwargs)
@@ -315,6 +341,49 @@ def adapters_disabled(model: nn.Module | list[nn.Module]) -> Iterator[None]:
     finally:
         for module, state in zip(modules, before, strict=True):
             module.lora_enabled = state
+
+
+def set_adapter_index(model: nn.Module | list[nn.Module], index: torch.Tensor | None) -> None:
+    """Choose each token's adapter (stacked adapters, parallel MLE) for the forwards that follow.
+
+    ``index`` holds one adapter number per token, shaped as the layers' input without its hidden dim
+    (megatron-core's ``[sequence, batch]``); None clears it. It must stay set until the micro-batch's
+    backward has run: activation recompute runs the layers' forward again then.
+    """
+    modules = list(lora_modules(model))
+    if index is not None and modules:
+        count = modules[0].lora_num_adapters
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= count):
+            raise ValueError(f"adapter index out of range [0, {count}): {index.unique().tolist()}")
+    for module in modules:
+        module.lora_adapter_index = index
+
+
+@contextmanager
+def adapter_index(model: nn.Module | list[nn.Module], index: torch.Tensor) -> Iterator[None]:
+    """:func:`set_adapter_index` for a block (forward and backward inside it), cleared afterwards."""
+    set_adapter_index(model, index)
+    try:
+        yield
+    finally:
+        set_adapter_index(model, None)
+
+
+def select_expert(adapter: dict[str, torch.Tensor], index: int, rank: int) -> dict[str, torch.Tensor]:
+    """One expert's logical matrices out of stacked ones (keys as :func:`~aclarena_slime.lora.export.gather_adapter`):
+    A's rows and B's columns ``[index*rank, (index+1)*rank)``."""
+    rows = slice(index * rank, (index + 1) * rank)
+    out = {}
+    for key, value in adapter.items():
+        if key.endswith(".lora_A"):
+            out[key] = value[rows].clone()
+        elif key.endswith(".lora_B"):
+            out[key] = value[:, rows].clone()
+        else:
+            raise KeyError(f"not an adapter matrix: {key}")
+        if out[key].numel() == 0:
+            raise ValueError(f"{key}: no expert {index} in a matrix of shape {tuple(value.shape)} at rank {rank}")
+    return out
 
 
 def randomize_adapters(model: nn.Module, seed: int, std: float = 0.02) -> None:
