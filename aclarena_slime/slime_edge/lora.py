@@ -39,7 +39,12 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     model = _get_model_provider_func(base_args, role="actor")(
         pre_process=pre_process, post_process=post_process, vp_stage=vp_stage
     )
-    inject_lora(model, LoraConfig.from_args(args))
+    config = LoraConfig.from_args(args)
+    inject_lora(model, config)
+    if config.num_adapters > 1:  # parallel MLE: each sample's adapter index rides in from slime's batch
+        from aclarena_slime.lora import routing
+
+        routing.install(model)
     return model
 
 
@@ -56,6 +61,10 @@ def check_args(args: Any) -> LoraConfig:
     if getattr(args, "update_weight_transport", None) == "disk":
         raise LoraConfigError(
             "with LoRA use the adapter's own disk sync (aclarena_lora.sync_mode: disk), not --update-weight-transport disk"
+        )
+    if config.num_adapters > 1 and getattr(args, "allgather_cp", False):
+        raise LoraConfigError(
+            "lora experts (parallel MLE) need slime's per-sample context-parallel split; drop --allgather-cp"
         )
     patterns = getattr(args, "only_train_params_name_list", None)
     if not patterns:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.lora.export import AttentionShape, gather_adapter, peft_adapter_config, to_peft_state_dict
+from aclarena_slime.lora.layers import select_expert
 from aclarena_slime.lora.sync import SyncResult, sync_adapter
 
 logger = logging.getLogger(__name__)
@@ -58,11 +59,11 @@ class LoraWeightUpdater:
         out, self.metrics = self.metrics, {}
         return out
 
-    async def _sync(self, urls: list[str], tensors: dict[str, torch.Tensor]) -> SyncResult:
-        """One sync on a fresh event loop (its clients open and close their own HTTP sessions)."""
+    async def _sync(self, urls: list[str], name: str, tensors: dict[str, torch.Tensor]) -> SyncResult:
+        """One expert's sync on a fresh event loop (its clients open and close their own HTTP sessions)."""
         return await sync_adapter(
             urls,
-            self.config.adapter_name,
+            name,
             tensors,
             peft_adapter_config(self.config, self.base_model),
             mode=self.config.sync_mode,
@@ -72,12 +73,19 @@ class LoraWeightUpdater:
         )
 
     @torch.no_grad()
-    def adapter_tensors(self) -> dict[str, torch.Tensor]:
-        """The adapter in PEFT names from ``weights_getter``'s copy; a TP collective (every rank calls it)."""
+    def adapter_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Each expert's adapter in PEFT names (one, or one per env tag with parallel MLE), from
+        ``weights_getter``'s copy; a TP collective (every rank calls it)."""
         from megatron.core.utils import get_model_config
 
         shape = AttentionShape.from_megatron(get_model_config(self.model[0]))
-        return to_peft_state_dict(gather_adapter(self.model, self.weights_getter()), shape)
+        stacked = gather_adapter(self.model, self.weights_getter())
+        if self.config.num_adapters == 1:
+            return {self.config.adapter_names[0]: to_peft_state_dict(stacked, shape)}
+        return {
+            name: to_peft_state_dict(select_expert(stacked, k, self.config.rank), shape)
+            for k, name in enumerate(self.config.adapter_names)
+        }
 
     def _engine_urls(self) -> list[str]:
         import ray
@@ -86,20 +94,17 @@ class LoraWeightUpdater:
 
     @torch.no_grad()
     def update_weights(self) -> None:
-        tensors = self.adapter_tensors()
+        experts = self.adapter_tensors()
         if dist.get_rank() == 0 and self.rollout_engines:
-            result = asyncio.run(self._sync(self._engine_urls(), tensors))
-            self.metrics = {
-                "perf/lora_sync_seconds": result.seconds,
-                "perf/lora_sync_bytes": float(result.payload_bytes),
-            }
-            logger.info(
-                "LoRA %r synced to %d engines (%s) in %.2fs",
-                self.config.adapter_name,
-                result.servers,
-                result.schema,
-                result.seconds,
-            )
+            urls = self._engine_urls()
+            self.metrics = {"perf/lora_sync_seconds": 0.0, "perf/lora_sync_bytes": 0.0}
+            for name, tensors in experts.items():  # one adapter-only sync per expert
+                result = asyncio.run(self._sync(urls, name, tensors))
+                self.metrics["perf/lora_sync_seconds"] += result.seconds
+                self.metrics["perf/lora_sync_bytes"] += float(result.payload_bytes)
+                logger.info(
+                    "LoRA %r synced to %d engines (%s) in %.2fs", name, result.servers, result.schema, result.seconds
+                )
         from slime.utils.distributed_utils import get_gloo_group
 
         dist.barrier(group=get_gloo_group())

@@ -30,7 +30,7 @@ from typing import Any
 
 from aclarena_slime import group_rewards
 from aclarena_slime.experts import ExpertTable
-from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens, run_sample, score_sample
+from aclarena_slime.rollout import Budgets, RolloutContext, env_tag, load_chat_tokens, run_sample, score_sample
 from aclarena_slime.slime_edge import custom
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,18 @@ def _close_at_exit() -> None:
 
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
-    """slime ``--custom-generate-function-path``: roll out one sample through its environment."""
-    return await run_sample(await rollout_context(args), sample, sampling_params, evaluation)
+    """slime ``--custom-generate-function-path``: roll out one sample through its environment.
+
+    Parallel MLE (``aclarena_lora.experts``): a training sample also carries its env's adapter index to the
+    Megatron actor (:mod:`aclarena_slime.lora.routing`)."""
+    result = await run_sample(await rollout_context(args), sample, sampling_params, evaluation)
+    experts = (getattr(args, "aclarena_lora", None) or {}).get("experts")
+    if experts and not evaluation:
+        from aclarena_slime.lora.routing import tag_sample
+
+        for one in result if isinstance(result, list) else [result]:
+            tag_sample(one, experts, env_tag(one))
+    return result
 
 
 async def reward(args: Any, sample: Any, **_: Any) -> float | list[float]:

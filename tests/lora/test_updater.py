@@ -119,3 +119,35 @@ def test_adapter_comes_from_slimes_tensor_backuper(tiny_model, tmp_path, monkeyp
     synced = _sync_through_fake_engine(updater, tmp_path)
     assert synced.keys() == expected.keys()
     assert all(torch.equal(synced[k], v) for k, v in expected.items())
+
+
+def test_parallel_experts_sync_one_adapter_each(tiny_model, tmp_path, no_slime_barrier):
+    """Stacked experts (parallel MLE): one PEFT folder per expert, each its own block of the stacked matrices."""
+    from aclarena_slime.lora.layers import select_expert
+
+    experts = ["math", "search"]
+    inject_lora(tiny_model, LoraConfig(rank=RANK, alpha=8, experts=experts))
+    randomize_adapters(tiny_model, seed=5, std=0.1)
+    stacked = gather_adapter(tiny_model)
+    copy = {f"module.{n}": p.detach().clone() for n, p in tiny_model.named_parameters()}
+    args = _args(tmp_path)
+    args.aclarena_lora = {**args.aclarena_lora, "experts": experts}
+    updater = LoraWeightUpdater(args, [tiny_model], weights_getter=lambda: copy)
+    with background_loop() as loop:
+        engine = FakeSGLang(None, [])
+        asyncio.run_coroutine_threadsafe(engine.start(), loop).result(30)
+        try:
+            updater.connect_rollout_engines([engine])
+            updater._engine_urls = lambda: [engine.url]
+            updater.update_weights()
+        finally:
+            asyncio.run_coroutine_threadsafe(engine._shut(), loop).result(30)
+    assert engine.adapters == {tag: str(tmp_path / tag) for tag in experts}
+    shape = AttentionShape.from_megatron(tiny_model.config)
+    for k, tag in enumerate(experts):
+        synced = load_file(str(tmp_path / tag / "adapter_model.safetensors"))
+        expected = to_peft_state_dict(select_expert(stacked, k, RANK), shape)
+        assert synced.keys() == expected.keys()
+        assert all(torch.equal(synced[key], v) for key, v in expected.items())
+        assert all(v.shape[0] == RANK for key, v in synced.items() if "lora_A" in key)
+    assert updater.pop_metrics()["perf/lora_sync_bytes"] > 0
