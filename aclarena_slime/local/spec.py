@@ -201,10 +201,40 @@ def local_plan(cfg: LocalStageConfig) -> str:
     return "\n".join(lines + ["#   " + line for line in json.dumps(cfg.to_dict(), indent=2, default=str).splitlines()])
 
 
+def expert_configs(recipe: StageRecipe, cfg: LocalStageConfig) -> list[LocalStageConfig]:
+    """Parallel MLE (``lora.experts``): one expert's settings per env tag, the stage's own otherwise equal.
+
+    The experts share the frozen backbone, so none of them warm-starts it (a warning says so when the env's
+    local profile asks for a warm start)."""
+    tags = cfg.lora.experts or []
+    if cfg.warm_start_steps:
+        warnings.warn(
+            "lora.experts: parallel MLE trains on the frozen backbone; it runs without the warm start", stacklevel=2
+        )
+    return [
+        dataclasses.replace(
+            cfg,
+            env=tag,
+            env_config=dict(recipe.env_config.get(tag) or {}),
+            lora=dataclasses.replace(cfg.lora, adapter_name=tag, experts=None),
+            warm_start_steps=0,
+            output_dir=str(Path(cfg.output_dir) / "experts" / tag),
+        )
+        for tag in tags
+    ]
+
+
 def run_local(recipe: StageRecipe) -> dict[str, Any]:
-    """Run the stage on the local backend; returns its metrics and where the policy is."""
+    """Run the stage on the local backend; returns its metrics and where the policy is (with ``lora.experts``,
+    the experts' manifest)."""
     from aclarena_slime.local.stage import run_stage
 
     cfg = local_config(recipe)
+    if cfg.lora.experts:
+        from aclarena_slime.local.parallel_mle import run_parallel_mle
+
+        metrics = run_parallel_mle(expert_configs(recipe, cfg), cfg.output_dir)
+        manifest = str(Path(cfg.output_dir) / "experts.json")
+        return {"metrics": metrics, "policy": manifest, "full": False, "output_dir": cfg.output_dir}
     metrics = run_stage(cfg)
     return {"metrics": metrics, "policy": str(cfg.policy_dir), "full": cfg.full_finetune, "output_dir": cfg.output_dir}

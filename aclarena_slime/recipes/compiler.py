@@ -166,12 +166,16 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     if lora is not None:
         custom["aclarena_lora"] = lora
         experts = custom.setdefault("aclarena_experts", {})
-        if experts.get(recipe.data.env, lora["adapter_name"]) != lora["adapter_name"]:
-            raise RecipeError(
-                f"experts.{recipe.data.env} names {experts[recipe.data.env]!r}, but this stage trains adapter "
-                f"{lora['adapter_name']!r} for that env"
-            )
-        experts[recipe.data.env] = lora["adapter_name"]
+        # The adapters this stage trains: its data env's, or with lora.experts (parallel MLE) one per tag.
+        trained = (
+            {tag: tag for tag in lora["experts"]} if lora.get("experts") else {recipe.data.env: lora["adapter_name"]}
+        )
+        for tag, adapter in trained.items():
+            if experts.get(tag, adapter) != adapter:
+                raise RecipeError(
+                    f"experts.{tag} names {experts[tag]!r}, but this stage trains adapter {adapter!r} for that env"
+                )
+            experts[tag] = adapter
     custom.update(recipe.custom.to_custom_config())
     return SlimeCommand(
         train_args=flags.argv(),
@@ -258,7 +262,9 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
             "lora.pause_mode=retract: this stage samples from the adapter it syncs, and SGLang's unload waits for "
             "every request holding that adapter, retracted ones included, so the sync would never finish; use abort"
         )
-    if "--data-source-path" not in flags.origins:  # resume reads this stage's own prompt position, not the backbone's
+    if config.experts:
+        _check_parallel_experts(recipe, config, flags)
+    elif "--data-source-path" not in flags.origins:  # resume reads this stage's own prompt position, not the backbone's
         flags.add("data_source_path", hook_path("resumable_data_source"), "lora.enabled")
     # Hook paths and the trainable-parameter pattern as aclarena_slime/slime_edge/lora.py documents them.
     flags.add("custom_model_provider_path", hook_path("lora_model_provider"), "lora.enabled")
@@ -276,6 +282,30 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     out = config.to_dict()
     out["target_modules"] = list(config.target_modules)
     return out
+
+
+def _check_parallel_experts(recipe: StageRecipe, config: LoraConfig, flags: _Flags) -> None:
+    """Parallel MLE (``lora.experts``): every expert's env is configured, the prompts are drawn
+    domain-balanced, and SGLang batches every expert (plus the base) together."""
+    missing = [tag for tag in config.experts or () if tag not in recipe.env_config]
+    if missing:
+        raise RecipeError(
+            f"lora.experts {missing} have no env_config.<tag>; add env@env_config.<tag>: <tag> to defaults"
+        )
+    balanced = hook_path("balanced_data_source")
+    source = recipe.plugins.data_source_path
+    if source is None:
+        flags.add("data_source_path", balanced, "lora.experts")
+    elif source != balanced:
+        raise RecipeError(
+            f"lora.experts: plugins.data_source_path must be {balanced} (domain-balanced prompts), got {source}"
+        )
+    per_batch = recipe.cluster.sglang.get("max_loras_per_batch")
+    if per_batch is not None and int(per_batch) < config.num_adapters + 1:
+        raise RecipeError(
+            f"cluster.sglang.max_loras_per_batch={per_batch}: {config.num_adapters} experts and the base need "
+            f"{config.num_adapters + 1} slots in one batch"
+        )
 
 
 def _refuse_pipeline_parallel(recipe: StageRecipe) -> None:
