@@ -81,7 +81,9 @@ def check_versions(installed: Callable[[str | None, str], tuple[bool, str | None
 
 def _git_head(folder: Path) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None if done.returncode == 0 else None
@@ -91,7 +93,10 @@ def check_paths(recipe: StageRecipe) -> list[Check]:
     """The job runs ``python3 <paths.slime>/train.py`` with ``<paths.megatron>`` on PYTHONPATH: both must be
     there, at the commits slime's image builds from (a warning otherwise)."""
     out = []
-    for name, folder, inside in (("slime", recipe.paths.slime, "train.py"), ("megatron", recipe.paths.megatron, "megatron/training")):
+    for name, folder, inside in (
+        ("slime", recipe.paths.slime, "train.py"),
+        ("megatron", recipe.paths.megatron, "megatron/training"),
+    ):
         path = Path(folder)
         if not (path / inside).exists():
             out.append(Check(f"paths.{name}", "fail", f"{path / inside} does not exist", f"paths.{name}=WHERE_IT_IS"))
@@ -102,7 +107,9 @@ def check_paths(recipe: StageRecipe) -> list[Check]:
         elif head.startswith(want):
             out.append(Check(f"paths.{name}", "ok", f"{folder} at {head[:12]}"))
         else:
-            out.append(Check(f"paths.{name}", "warn", f"{folder} at {head[:12]}; supported {want}", "use slime's image"))
+            out.append(
+                Check(f"paths.{name}", "warn", f"{folder} at {head[:12]}; supported {want}", "use slime's image")
+            )
     return out
 
 
@@ -185,10 +192,15 @@ def check_checkpoint(recipe: StageRecipe) -> list[Check]:
     """``--load`` / ``--ref-load`` exist; a LoRA stage needs a Megatron checkpoint (slime's HF loader
     raises KeyError on the adapters)."""
     out = []
-    for name, path in (("checkpoint.load", recipe.checkpoint.load), ("checkpoint.ref_load", recipe.checkpoint.ref_load)):
+    for name, path in (
+        ("checkpoint.load", recipe.checkpoint.load),
+        ("checkpoint.ref_load", recipe.checkpoint.ref_load),
+    ):
         folder = Path(path)
         if not folder.is_dir() or not any(folder.iterdir()):
-            out.append(Check(name, "fail", f"{path} is missing or empty", "train the stage it comes from, or fix the path"))
+            out.append(
+                Check(name, "fail", f"{path} is missing or empty", "train the stage it comes from, or fix the path")
+            )
         elif is_megatron_checkpoint(folder):
             out.append(Check(name, "ok", f"{path}: Megatron checkpoint"))
         elif recipe.lora.enabled:
@@ -263,17 +275,22 @@ async def _start_records(recipe: StageRecipe, records: list[dict[str, Any]]) -> 
     from aclarena_slime.plugin.registry import load_factory
 
     data = recipe.data
-    env = load_factory(data.env)(dict(recipe.env_config.get(data.env) or {}))
+    allowed = {data.env, *(recipe.lora.experts or ())}  # parallel MLE: a record of any expert's env
+    envs: dict[str, Any] = {}
     try:
         for record in records:
             metadata = dict(record.get(data.metadata_key) or {})
-            if metadata.get("env", data.env) != data.env:
-                raise ValueError(f"a record's metadata.env is {metadata.get('env')!r}, the recipe's data.env {data.env!r}")
+            tag = metadata.get("env", data.env)
+            if tag not in allowed:
+                raise ValueError(f"a record's metadata.env is {tag!r}, the recipe's data.env {data.env!r}")
+            if tag not in envs:
+                envs[tag] = load_factory(tag)(dict(recipe.env_config.get(tag) or {}))
             label = record.get(data.label_key) if data.label_key else None
-            episode = await env.start(Task(prompt=record[data.input_key], label=label, metadata=metadata))
+            episode = await envs[tag].start(Task(prompt=record[data.input_key], label=label, metadata=metadata))
             await episode.close()
     finally:
-        await env.aclose()
+        for env in envs.values():
+            await env.aclose()
 
 
 def check_data(recipe: StageRecipe, n: int = 3, timeout_s: float = 60.0) -> list[Check]:
@@ -314,6 +331,32 @@ def check_lora(recipe: StageRecipe, argv: list[str]) -> list[Check]:
                      "cluster.perf.sequence_parallel=false" if sp else ""))  # fmt: skip
     granularity = recipe.cluster.perf.get("recompute_granularity")
     out.append(Check("lora recompute", "ok", f"recompute {granularity or 'off'}"))
+    if recipe.lora.experts:
+        out += check_parallel_experts(recipe, argv)
+    return out
+
+
+def check_parallel_experts(recipe: StageRecipe, argv: list[str]) -> list[Check]:
+    """Parallel MLE (``lora.experts``): every expert's env configured and present in the training data, the
+    prompts drawn domain-balanced, and no slime setting that breaks the per-sample adapter index."""
+    from aclarena_slime.distill.balanced_source import domain_of
+
+    experts = list(recipe.lora.experts or ())
+    out = [Check("lora experts", "ok", f"{len(experts)} experts side by side: {', '.join(experts)}")]
+    balanced = "aclarena_slime.slime_edge.data_source.BalancedDataSource"
+    source = argv[argv.index("--data-source-path") + 1] if "--data-source-path" in argv else None
+    out.append(Check("lora experts data source", "ok" if source == balanced else "fail", str(source),
+                     "" if source == balanced else f"plugins.data_source_path={balanced}"))  # fmt: skip
+    if "--allgather-cp" in argv:
+        out.append(Check("lora experts context parallel", "fail", "--allgather-cp is set",
+                         "drop it: the adapter index follows slime's per-sample context-parallel split"))  # fmt: skip
+    path = Path(recipe.data.prompt_data)
+    if path.is_file():
+        seen = {domain_of(r.get("metadata"), None) for r in _first_records(path, 10_000)}
+        missing = [tag for tag in experts if tag not in seen]
+        out.append(Check("lora experts in the data", "fail" if missing else "ok",
+                         f"no records of {missing} in the first 10000 of {path}" if missing else f"every expert in {path}",
+                         "mix every expert's training file into data.prompt_data" if missing else ""))  # fmt: skip
     return out
 
 
@@ -323,7 +366,11 @@ def check_addresses(recipe: StageRecipe) -> list[Check]:
         return [Check("ray head address", "fail", f"{nodes} nodes and no routable address here",
                       "cluster.ray.address=HEAD_IP")]  # fmt: skip
     if nodes > 1 and is_loopback(ray.address):
-        return [Check("ray head address", "fail", f"{ray.address} is loopback on {nodes} nodes", "cluster.ray.address=HEAD_IP")]
+        return [
+            Check(
+                "ray head address", "fail", f"{ray.address} is loopback on {nodes} nodes", "cluster.ray.address=HEAD_IP"
+            )
+        ]
     return [Check("ray head address", "ok", f"{ray.address} ({nodes} node{'s' if nodes > 1 else ''})")]
 
 

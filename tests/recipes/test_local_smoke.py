@@ -12,12 +12,17 @@ from aclarena_slime.recipes.compose import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 TAU3 = REPO.parent / "shared" / "data" / "tau3-retail"
-RL_RECIPES = sorted(
-    p.stem for p in (REPO / "recipes").glob("*.yaml") if load_recipe(str(p), ["paths.root=/x"]).kind == "rl"
-)
-SMALL = ["rollout.num_rollout=2", "rollout.rollout_batch_size=1", "rollout.n_samples_per_prompt=2",
-         "cluster.local.eval_size=1", "rollout.rollout_max_response_len=24",
-         "cluster.local.warm_start_steps=0"]  # fmt: skip  (the warm start has its tests in tests/local)
+_RECIPES = {p.stem: load_recipe(str(p), ["paths.root=/x"]) for p in (REPO / "recipes").glob("*.yaml")}
+# One expert per stage; parallel MLE (lora.experts, several experts in one run) has its own smoke in test_mle_parallel.py.
+RL_RECIPES = sorted(name for name, r in _RECIPES.items() if r.kind == "rl" and not r.lora.experts)
+SMALL = [
+    "rollout.num_rollout=2",
+    "rollout.rollout_batch_size=1",
+    "rollout.n_samples_per_prompt=2",
+    "cluster.local.eval_size=1",
+    "rollout.rollout_max_response_len=24",
+    "cluster.local.warm_start_steps=0",
+]  # fmt: skip  (the warm start has its tests in tests/local)
 
 
 def test_the_rl_recipes_are_the_stages_the_experts_and_the_oracles():
