@@ -24,6 +24,7 @@ mixed pool fills (one domain's long episodes while another's are done) is not mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import shutil
 import time
@@ -46,7 +47,8 @@ TURNS = {"math": 1, "search": 5, "retail": 10, "ifeval": 1}
 def cpu_seconds() -> float:
     """User + system seconds of this process and its finished children."""
     return sum(
-        u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     )
 
 
@@ -70,8 +72,6 @@ def local_rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
     shutil.rmtree(out / "sequential", ignore_errors=True)
     rows = []
     wall, cpu = time.monotonic(), cpu_seconds()
-    import dataclasses
-
     for cfg in cfgs:
         run_stage(dataclasses.replace(cfg, output_dir=str(out / "sequential" / cfg.env), progress=False))
     seq = (time.monotonic() - wall, cpu_seconds() - cpu)

@@ -201,6 +201,18 @@ def local_plan(cfg: LocalStageConfig) -> str:
     return "\n".join(lines + ["#   " + line for line in json.dumps(cfg.to_dict(), indent=2, default=str).splitlines()])
 
 
+def _local_env(tag: str) -> dict[str, Any]:
+    """The env's own local-backend settings (``recipes/env/local/<tag>.yaml``'s ``env_config.<tag>``): the
+    local profile composes them for the data's env only, and a parallel-MLE expert of another env needs them."""
+    import yaml
+
+    from aclarena_slime.recipes.compiler import REPO_ROOT
+
+    path = REPO_ROOT / "recipes" / "env" / "local" / f"{tag}.yaml"
+    values = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return dict(((values or {}).get("env_config") or {}).get(tag) or {})
+
+
 def expert_configs(recipe: StageRecipe, cfg: LocalStageConfig) -> list[LocalStageConfig]:
     """Parallel MLE (``lora.experts``): one expert's settings per env tag, the stage's own otherwise equal.
 
@@ -215,7 +227,7 @@ def expert_configs(recipe: StageRecipe, cfg: LocalStageConfig) -> list[LocalStag
         dataclasses.replace(
             cfg,
             env=tag,
-            env_config=dict(recipe.env_config.get(tag) or {}),
+            env_config=cfg.env_config if tag == cfg.env else {**(recipe.env_config.get(tag) or {}), **_local_env(tag)},
             lora=dataclasses.replace(cfg.lora, adapter_name=tag, experts=None),
             warm_start_steps=0,
             output_dir=str(Path(cfg.output_dir) / "experts" / tag),

@@ -41,3 +41,26 @@ def test_the_model_hook_sets_the_index_on_every_layer(tiny_model):
     assert routing.ADAPTER_INDEX_KEY not in left  # megatron's forward never sees it
     for module in lora_modules(tiny_model):
         assert module.lora_adapter_index.squeeze(1).tolist() == [1, 1, 0, 0, 0]
+
+
+def test_slimes_generate_tags_training_samples_not_eval_ones(monkeypatch):
+    """The generate hook's wiring: with ``aclarena_lora.experts`` a training sample leaves with its index."""
+    import asyncio
+
+    from aclarena_slime.slime_edge import rollout as edge
+
+    async def rolled(context, sample, params, evaluation=False):  # the episode itself is tested elsewhere
+        return sample
+
+    async def context(args):
+        return None
+
+    monkeypatch.setattr(edge, "run_sample", rolled)
+    monkeypatch.setattr(edge, "rollout_context", context)
+    args = SimpleNamespace(aclarena_lora={"experts": ["math", "ifeval"]})
+    train = SimpleNamespace(multimodal_train_inputs=None, metadata={"env": "ifeval"})
+    evaluated = SimpleNamespace(multimodal_train_inputs=None, metadata={"env": "ifeval"})
+    asyncio.run(edge.generate(args, train, {}))
+    asyncio.run(edge.generate(args, evaluated, {}, evaluation=True))
+    assert train.multimodal_train_inputs[routing.ADAPTER_INDEX_KEY].tolist() == [1]
+    assert evaluated.multimodal_train_inputs is None
