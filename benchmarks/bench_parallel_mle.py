@@ -7,7 +7,8 @@ Local (measured): ``recipes/mle_parallel.yaml`` on the local backend (``cluster=
 experts (one per env) trained one after another, each as its own stage (``run_stage``: its own backbone,
 trainer and engine) — the anchor a user picks today (``recipes/curriculum/mle.yaml``) — and side by side in
 one job (``run_parallel_mle``: one backbone, one engine, one trainer with N adapters); same seeds, same
-steps. Columns: wall and CPU seconds (this process's user + system; on a shared machine wall is inflated,
+steps (a line per expert says whether its step rewards came out equal). An untimed warm-up run pays the
+imports first. Columns: wall and CPU seconds (this process's user + system; on a shared machine wall is inflated,
 CPU is not), the backbone copies each holds (the trainer's and the engine's) and their bytes: at peak, and
 summed over the jobs (what was loaded, once per job).
 
@@ -70,10 +71,15 @@ def local_rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
     cfgs = expert_configs(recipe, base)
     out = Path(args.out)
     shutil.rmtree(out / "sequential", ignore_errors=True)
+    alone: dict[str, dict] = {}
     rows = []
+    # Warm-up, untimed: the first run in a process pays the imports (transformers, PEFT, the envs' scorers).
+    run_parallel_mle([dataclasses.replace(c, progress=False, steps=1) for c in cfgs], out / "warm_up")
     wall, cpu = time.monotonic(), cpu_seconds()
     for cfg in cfgs:
-        run_stage(dataclasses.replace(cfg, output_dir=str(out / "sequential" / cfg.env), progress=False))
+        alone[cfg.env] = run_stage(
+            dataclasses.replace(cfg, output_dir=str(out / "sequential" / cfg.env), progress=False)
+        )
     seq = (time.monotonic() - wall, cpu_seconds() - cpu)
     wall, cpu = time.monotonic(), cpu_seconds()
     metrics = run_parallel_mle([dataclasses.replace(c, progress=False) for c in cfgs], out / "parallel")
@@ -83,6 +89,11 @@ def local_rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
     # Each job holds two copies: the trainer's model and the engine's (as slime's actor and SGLang do).
     rows.append(("one after another", str(n), f"{seq[0]:.1f}", f"{seq[1]:.1f}", f"2 x {size:,}", f"{2 * n * size:,}"))
     rows.append(("side by side", "1", f"{par[0]:.1f}", f"{par[1]:.1f}", f"2 x {size:,}", f"{2 * size:,}"))
+    for cfg in cfgs:  # the same training both ways: each expert's step rewards and held-out reward
+        mine, theirs = metrics["experts"][cfg.env], alone[cfg.env]
+        same = [s["reward_mean"] for s in mine["steps"]] == [s["reward_mean"] for s in theirs["steps"]]
+        print(f"{cfg.env}: step rewards equal both ways: {same}; held-out after: "
+              f"{theirs['eval_after']['mean_reward']} alone, {mine['eval_after']['mean_reward']} side by side")  # fmt: skip
     return rows
 
 
