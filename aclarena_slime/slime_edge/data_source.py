@@ -72,7 +72,7 @@ class BalancedDataSource(BalancedSource):
     def __init__(self, args: Any) -> None:
         replay = custom.replay(args)
         samples = slime_prompts(args, args.prompt_data)
-        for path in replay.data.values() if replay is not None else ():
+        for path in (replay.data.values() if replay is not None else ()):
             samples += slime_prompts(args, path)
         super().__init__(
             samples,
@@ -93,9 +93,7 @@ def slime_prompts(args: Any, path: str) -> list[Any]:
     from slime.utils.processing_utils import load_processor, load_tokenizer
 
     if not getattr(args, "rollout_global_dataset", True) or args.prompt_data is None:
-        raise ValueError(
-            "BalancedDataSource needs the global dataset (no --disable-rollout-global-dataset) and --prompt-data"
-        )
+        raise ValueError("BalancedDataSource needs the global dataset (no --disable-rollout-global-dataset) and --prompt-data")
     dataset = Dataset(
         path,
         tokenizer=load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
