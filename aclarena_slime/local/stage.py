@@ -182,7 +182,10 @@ async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[
     """The engine on ``model_dir`` and one rollout context for it: the stage's env and the replayed envs,
     their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
     session) is closed, on this loop, before the engine stops."""
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings), served_name=cfg.served_name)
+    engine = LocalEngine(
+        MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings),
+        served_name=cfg.served_name,
+    )
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
         replayed = (cfg.replay.get("env_config") or {}) if cfg.replay.get("enabled") else {}
         configs = {cfg.env: cfg.env_config, **{t: replayed.get(t) or {} for t in cfg.replay.get("domains") or ()}}
@@ -226,6 +229,7 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     with _progress(cfg.progress) as progress:
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
         before = await evaluate(stage.context, split.evaluation, cfg, limit)
+        before_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
         progress.advance(task)
         keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
         if keep_on_disk:
@@ -248,15 +252,21 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
                 advance=1,
                 description=f"{cfg.env}: step {step + 1}/{cfg.steps} reward {steps[-1]['reward_mean']:.3f}",
             )
+            if cfg.progress:
+                progress.console.print(step_line(steps[-1]))
             if monitor and await monitor.check(step + 1):
                 break  # the monitor's action "stop": an earlier domain fell
         after = await evaluate(stage.context, split.evaluation, cfg, limit)
+        after_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
         progress.advance(task)
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return {
         "eval_before": before,
         "eval_after": after,
+        # The held-out reward of samples at the training temperature, beside the greedy one: RL trains on
+        # samples, the held-out reward is greedy.
+        "eval_sampled": {"before": before_sampled, "after": after_sampled},
         "steps": steps,
         **({"monitor": monitor.report(len(steps))} if monitor else {}),
         "records": split.counts(),
@@ -397,13 +407,22 @@ async def rollout_step(
 
 
 async def evaluate(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore
+    context: RolloutContext,
+    records: list[dict[str, Any]],
+    cfg: LocalStageConfig,
+    limit: asyncio.Semaphore,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
-    """Mean reward of one rollout per held-out record (greedy unless ``eval_temperature`` > 0)."""
+    """Mean reward of one rollout per held-out record at ``temperature`` (None: ``eval_temperature``, greedy
+    unless > 0)."""
     if not records:
         return {"n": 0, "mean_reward": None, "excluded": 0}
     samples = [new_sample(r, i, i) for i, r in enumerate(records)]
-    params = {"temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p, "max_new_tokens": cfg.eval_budget}
+    params = {
+        "temperature": cfg.eval_temperature if temperature is None else temperature,
+        "top_p": cfg.eval_top_p,
+        "max_new_tokens": cfg.eval_budget,
+    }
     await _gather(context, samples, params, cfg.seed + HELD_OUT_SEED, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
@@ -423,6 +442,17 @@ async def _gather(
                 sample.reward = await score_sample(context, sample)
 
     await asyncio.gather(*(one(s) for s in samples))
+
+
+def step_line(step: dict[str, Any]) -> str:
+    """One GRPO step's diagnostics on one line: what the rollouts scored, whether there was anything to
+    learn from (groups with differing rewards), and how far the step moved the policy."""
+    return (
+        f"step {step['step']}: reward {step['reward_mean']:.3f}, groups with spread {step['groups_with_spread']:.2f}, "
+        f"adv std {step['adv_std']:.2f}, entropy {step.get('entropy', 0.0):.2f}, "
+        f"KL to start {step.get('kl_to_start', 0.0):.4f}, grad norm {step.get('grad_norm', 0.0):.2f}, "
+        f"clip {step['clip_frac']:.3f}, truncated {step['truncated_frac']:.2f}"
+    )
 
 
 def to_train_sample(sample: Sample) -> TrainSample:
