@@ -343,8 +343,42 @@ def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
     ]
 
 
+# Settings of the phases after the warm start: a stage that differs from the last run in its output folder
+# only in these reuses the warm-started backbone there (``warm_start_model/``, with WARM_START_RECORD).
+AFTER_WARM_START = frozenset(
+    {
+        "kind", "sft_filter", "sft_epochs", "full_finetune", "kl_coef", "kl_loss_type", "weight_decay",
+        "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
+        "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
+        "max_concurrency", "progress", "monitor", "replay", "base_adapter",
+    }
+)  # fmt: skip
+WARM_START_RECORD = "warm_start.json"
+
+
+def warm_start_key(cfg: LocalStageConfig) -> str:
+    """What the warm-started backbone depends on (every setting but :data:`AFTER_WARM_START`), as one string."""
+    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in AFTER_WARM_START}, sort_keys=True)
+
+
+def cached_warm_start(cfg: LocalStageConfig) -> dict[str, Any] | None:
+    """The warm start's report when ``warm_start_dir`` holds one made with these settings, else None."""
+    record = cfg.warm_start_dir / WARM_START_RECORD
+    try:
+        saved = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get("warm_start") if saved.get("key") == warm_start_key(cfg) else None
+
+
 async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone."""
+    """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone.
+
+    A warm start already in the output folder with the same settings (and seed) is reused: the runs that
+    change only the RL settings skip its cost (``cached`` in the report)."""
+    cached = cached_warm_start(cfg)
+    if cached is not None:
+        return cfg.warm_start_dir.resolve(), {**cached, "cached": True, "engine_generated_tokens": 0}
     async with served_stage(cfg, model_dir) as stage:
         records = stage_records(stage.env, cfg)
         with _progress(cfg.progress) as progress:
@@ -374,14 +408,11 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
         lr=cfg.warm_start_lr,
         micro_batch_size=cfg.micro_batch_size,
     )
+    (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
     backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
-    return backbone, {
-        "eval_before": before,
-        "demos": replay.as_dict(),
-        "sft": sft,
-        "backbone": str(backbone),
-        "engine_generated_tokens": stage.engine.generated_tokens,
-    }
+    report = {"eval_before": before, "demos": replay.as_dict(), "sft": sft, "backbone": str(backbone)}
+    write_json_atomic(backbone / WARM_START_RECORD, {"key": warm_start_key(cfg), "warm_start": report})
+    return backbone, {**report, "cached": False, "engine_generated_tokens": stage.engine.generated_tokens}
 
 
 def _end_of_turn(model: MultiLoraModel) -> int:
