@@ -343,14 +343,15 @@ def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
     ]
 
 
-# Settings of the phases after the warm start: a stage that differs from the last run in its output folder
-# only in these reuses the warm-started backbone there (``warm_start_model/``, with WARM_START_RECORD).
+# Settings of the phases after the warm start (and the output folder, which holds it): a stage that differs
+# from the last run in its output folder only in these reuses the warm-started backbone there
+# (``warm_start_model/``, with WARM_START_RECORD).
 AFTER_WARM_START = frozenset(
     {
         "kind", "sft_filter", "sft_epochs", "full_finetune", "kl_coef", "kl_loss_type", "weight_decay",
         "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
         "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
-        "max_concurrency", "progress", "monitor", "replay", "base_adapter",
+        "max_concurrency", "progress", "monitor", "replay", "base_adapter", "output_dir",
     }
 )  # fmt: skip
 WARM_START_RECORD = "warm_start.json"
@@ -378,7 +379,8 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
     change only the RL settings skip its cost (``cached`` in the report)."""
     cached = cached_warm_start(cfg)
     if cached is not None:
-        return cfg.warm_start_dir.resolve(), {**cached, "cached": True, "engine_generated_tokens": 0}
+        backbone = cfg.warm_start_dir.resolve()
+        return backbone, {**cached, "backbone": str(backbone), "cached": True, "engine_generated_tokens": 0}
     async with served_stage(cfg, model_dir) as stage:
         records = stage_records(stage.env, cfg)
         with _progress(cfg.progress) as progress:
