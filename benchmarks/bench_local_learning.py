@@ -1,12 +1,13 @@
 """Does GRPO learn on the local profile? Held-out reward of the base model, the warm start and GRPO, per env, over seeds.
 
     python benchmarks/bench_local_learning.py [--seeds 3] [--envs math search ifeval] [--retail-data DIR]
-                                              [--out runs/bench_local_learning] [OVERRIDE ...]
+                                              [--out runs/bench_local_learning] [--jobs N] [OVERRIDE ...]
                                               e.g. rollout.num_rollout=8
 
 Each env's stage recipe runs as ``bash launch/stage.sh RECIPE`` runs it on the local backend (the
 ``cluster=local`` profile: the SFT warm start on gold demo trajectories, then GRPO), once per seed
-(``cluster.local.seed``, 0 .. N-1), one after the other in this process. Per env the table shows the
+(``cluster.local.seed``, 0 .. N-1), one after the other in this process (``--jobs N``: N at a time, each
+in its own process). Per env the table shows the
 greedy mean reward on the held-out demo prompts (never trained on) of the base model, of the warm-started
 backbone and of the GRPO-trained policy, and GRPO's gain over the warm start, each as the mean ± the
 spread (half the range) over the seeds, then the mean sampled rollout reward of the first and the last
@@ -19,7 +20,9 @@ go to ``<out>/bench_local_learning.json``.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import resource
 import statistics
@@ -88,21 +91,33 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="seeds 0 .. N-1 per env")
     parser.add_argument("--retail-data", help="the τ³-Retail data folder: adds the retail stage")
     parser.add_argument("--out", default="runs/bench_local_learning", help="folder for the stages' outputs")
+    parser.add_argument("--jobs", type=int, default=1, help="stages run at once, each in its own process")
     parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. rollout.num_rollout=4")
     args = parser.parse_args()
-    if args.seeds < 1:
-        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.seeds < 1 or args.jobs < 1:
+        parser.error(f"--seeds and --jobs must be at least 1, got {args.seeds} and {args.jobs}")
     envs = [e for e in args.envs if e != "retail"]
     if args.retail_data:
         envs.append("retail")
     elif "retail" in args.envs:
         parser.error("the retail stage needs --retail-data DIR (the τ³-Retail data folder)")
     out = Path(args.out).resolve()
-    runs = []
-    for env in envs:
-        extra = [f"env_config.retail.data_dir={args.retail_data}"] if env == "retail" else []
-        for seed in range(args.seeds):
-            runs.append(run_one(env, seed, out / env, [*extra, *args.overrides]))
+    todo = [
+        (
+            env,
+            seed,
+            out / env,
+            [*([f"env_config.retail.data_dir={args.retail_data}"] if env == "retail" else []), *args.overrides],
+        )
+        for env in envs
+        for seed in range(args.seeds)
+    ]
+    if args.jobs == 1:
+        runs = [run_one(*job) for job in todo]
+    else:  # each stage in a fresh process: one torch thread each, its CPU seconds its own
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
+            runs = list(pool.map(run_one, *zip(*todo, strict=True)))
     table = Table(title=f"local profile: held-out mean reward (greedy), {args.seeds} seed(s), mean ± half range")
     columns = ("env", "n", "base", "warm start", "trained", "GRPO gain", "rollout reward", "CPU s", "wall s")
     for column in columns:
