@@ -12,7 +12,8 @@ greedy mean reward on the held-out demo prompts (never trained on) of the base m
 backbone and of the GRPO-trained policy, and GRPO's gain over the warm start, each as the mean ± the
 spread (half the range) over the seeds, then the mean sampled rollout reward of the first and the last
 two GRPO steps, and the CPU and wall seconds of one stage (mean; set-up — the tiny model, its tokenizer —
-included). On a shared machine wall time is inflated; CPU seconds are not. ``--retail-data DIR`` adds
+included; a warm start reused from an earlier run in the same ``--out`` folder is not: ``warm_start_cached``
+in the JSON). On a shared machine wall time is inflated; CPU seconds are not. ``--retail-data DIR`` adds
 the τ³-Retail stage on that data folder (no warm start: retail has no gold demos). Every run's figures
 go to ``<out>/bench_local_learning.json``.
 """
@@ -72,6 +73,7 @@ def run_one(env: str, seed: int, out: Path, overrides: list[str]) -> dict[str, A
         "rollout_reward_first": statistics.fmean(rewards[:2]) if rewards else None,
         "rollout_reward_last": statistics.fmean(rewards[-2:]) if rewards else None,
         "steps": len(rewards),
+        "warm_start_cached": bool((metrics.get("warm_start") or {}).get("cached")),  # its CPU s are not in cpu_s
         "cpu_s": round(cpu, 1),
         "wall_s": round(wall, 1),
     }
