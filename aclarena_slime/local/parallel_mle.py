@@ -118,10 +118,7 @@ class MultiExpertTrainer:
         trainers = {}
         for name, (settings, _) in experts.items():
             model.set_adapter(name)  # marks this adapter's parameters (only) trainable
-            needs_reference = settings.kl_coef > 0
-            trainers[name] = PolicyTrainer(
-                model, settings, pad_id=int(pad or 0), reference=reference if needs_reference else None
-            )
+            trainers[name] = PolicyTrainer(model, settings, pad_id=int(pad or 0), reference=reference)
         return cls(model, trainers)
 
     def step(self, name: str, samples: Sequence[TrainSample]) -> dict[str, float]:

@@ -126,7 +126,8 @@ class StageRecords:
 
 def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     """Evaluation records first (``eval_data_path`` or demo records of the held-out seed), then training ones
-    (``data_path`` or the env's demo records) without the held-out prompts, in a seeded order.
+    (``data_path`` or the env's demo records) without the held-out prompts, in a seeded order: the warm
+    start's, then the RL prompts, without the warm start's prompts unless nothing else is left.
 
     Demo training records also leave out the demo records the evaluation runner and the forgetting monitor
     check (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`), whatever the stage's seed.
@@ -145,8 +146,8 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
     if cfg.data_path:
         source = read_jsonl(cfg.data_path, cfg.env)
-    else:  # enough demo records that dropping the held-out prompts still leaves the ones asked for
-        source = demo_records(env, max(n_train, n_warm) + len(evaluation), cfg.seed)
+    else:  # enough demo records that dropping the held-out and warm-start prompts leaves the ones asked for
+        source = demo_records(env, n_train + n_warm + len(held_out), cfg.seed)
     pool = [r for r in source if prompt_key(r) not in held_out]
     disjoint = bool(pool)
     if not disjoint:  # an env with a handful of prompts (a test env): train on them, and say so loudly
@@ -155,11 +156,18 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
             stacklevel=2,
         )
         pool = list(source)
+    # The warm start's records come first (whatever the RL steps: a cached warm start stays valid), the RL
+    # prompts after them, those the warm start has not fitted where there are any: a warm-started tiny model
+    # answers its own warm-start prompts from memory, and RL on them does not carry to held-out prompts
+    # (docs/local-backend.md).
+    warm = take(pool[:n_warm], n_warm, random.Random(cfg.seed + 1)) if n_warm else []
+    seen = {prompt_key(r) for r in warm}
+    fresh = [r for r in pool[n_warm:] if prompt_key(r) not in seen]
+    rl_pool = fresh or pool
     rng = random.Random(cfg.seed)
-    train = take(pool, n_train, rng) if cfg.data_path else pool[:n_train]
+    train = take(rl_pool, n_train, rng) if cfg.data_path else rl_pool[:n_train]
     if len(train) < n_train:  # a finite demo set: go through it again
-        train = take(pool, n_train, rng)
-    warm = take(pool, n_warm, random.Random(cfg.seed + 1)) if n_warm else []
+        train = take(rl_pool, n_train, rng)
     return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint)
 
 

@@ -182,7 +182,10 @@ async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[
     """The engine on ``model_dir`` and one rollout context for it: the stage's env and the replayed envs,
     their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
     session) is closed, on this loop, before the engine stops."""
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings), served_name=cfg.served_name)
+    engine = LocalEngine(
+        MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings),
+        served_name=cfg.served_name,
+    )
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
         replayed = (cfg.replay.get("env_config") or {}) if cfg.replay.get("enabled") else {}
         configs = {cfg.env: cfg.env_config, **{t: replayed.get(t) or {} for t in cfg.replay.get("domains") or ()}}
@@ -226,6 +229,7 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     with _progress(cfg.progress) as progress:
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
         before = await evaluate(stage.context, split.evaluation, cfg, limit)
+        before_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
         progress.advance(task)
         keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
         if keep_on_disk:
@@ -248,15 +252,21 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
                 advance=1,
                 description=f"{cfg.env}: step {step + 1}/{cfg.steps} reward {steps[-1]['reward_mean']:.3f}",
             )
+            if cfg.progress:
+                progress.console.print(step_line(steps[-1]))
             if monitor and await monitor.check(step + 1):
                 break  # the monitor's action "stop": an earlier domain fell
         after = await evaluate(stage.context, split.evaluation, cfg, limit)
+        after_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
         progress.advance(task)
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return {
         "eval_before": before,
         "eval_after": after,
+        # The held-out reward of samples at the training temperature, beside the greedy one: RL trains on
+        # samples, the held-out reward is greedy.
+        "eval_sampled": {"before": before_sampled, "after": after_sampled},
         "steps": steps,
         **({"monitor": monitor.report(len(steps))} if monitor else {}),
         "records": split.counts(),
@@ -333,8 +343,44 @@ def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
     ]
 
 
+# Settings of the phases after the warm start (and the output folder, which holds it): a stage that differs
+# from the last run in its output folder only in these reuses the warm-started backbone there
+# (``warm_start_model/``, with WARM_START_RECORD).
+AFTER_WARM_START = frozenset(
+    {
+        "kind", "sft_filter", "sft_epochs", "full_finetune", "kl_coef", "kl_loss_type", "weight_decay",
+        "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
+        "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
+        "max_concurrency", "progress", "monitor", "replay", "base_adapter", "output_dir",
+    }
+)  # fmt: skip
+WARM_START_RECORD = "warm_start.json"
+
+
+def warm_start_key(cfg: LocalStageConfig) -> str:
+    """What the warm-started backbone depends on (every setting but :data:`AFTER_WARM_START`), as one string."""
+    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in AFTER_WARM_START}, sort_keys=True)
+
+
+def cached_warm_start(cfg: LocalStageConfig) -> dict[str, Any] | None:
+    """The warm start's report when ``warm_start_dir`` holds one made with these settings, else None."""
+    record = cfg.warm_start_dir / WARM_START_RECORD
+    try:
+        saved = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get("warm_start") if saved.get("key") == warm_start_key(cfg) else None
+
+
 async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone."""
+    """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone.
+
+    A warm start already in the output folder with the same settings (and seed) is reused: the runs that
+    change only the RL settings skip its cost (``cached`` in the report)."""
+    cached = cached_warm_start(cfg)
+    if cached is not None:
+        backbone = cfg.warm_start_dir.resolve()
+        return backbone, {**cached, "backbone": str(backbone), "cached": True, "engine_generated_tokens": 0}
     async with served_stage(cfg, model_dir) as stage:
         records = stage_records(stage.env, cfg)
         with _progress(cfg.progress) as progress:
@@ -364,14 +410,11 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
         lr=cfg.warm_start_lr,
         micro_batch_size=cfg.micro_batch_size,
     )
+    (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
     backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
-    return backbone, {
-        "eval_before": before,
-        "demos": replay.as_dict(),
-        "sft": sft,
-        "backbone": str(backbone),
-        "engine_generated_tokens": stage.engine.generated_tokens,
-    }
+    report = {"eval_before": before, "demos": replay.as_dict(), "sft": sft, "backbone": str(backbone)}
+    write_json_atomic(backbone / WARM_START_RECORD, {"key": warm_start_key(cfg), "warm_start": report})
+    return backbone, {**report, "cached": False, "engine_generated_tokens": stage.engine.generated_tokens}
 
 
 def _end_of_turn(model: MultiLoraModel) -> int:
@@ -397,13 +440,22 @@ async def rollout_step(
 
 
 async def evaluate(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore
+    context: RolloutContext,
+    records: list[dict[str, Any]],
+    cfg: LocalStageConfig,
+    limit: asyncio.Semaphore,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
-    """Mean reward of one rollout per held-out record (greedy unless ``eval_temperature`` > 0)."""
+    """Mean reward of one rollout per held-out record at ``temperature`` (None: ``eval_temperature``, greedy
+    unless > 0)."""
     if not records:
         return {"n": 0, "mean_reward": None, "excluded": 0}
     samples = [new_sample(r, i, i) for i, r in enumerate(records)]
-    params = {"temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p, "max_new_tokens": cfg.eval_budget}
+    params = {
+        "temperature": cfg.eval_temperature if temperature is None else temperature,
+        "top_p": cfg.eval_top_p,
+        "max_new_tokens": cfg.eval_budget,
+    }
     await _gather(context, samples, params, cfg.seed + HELD_OUT_SEED, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
@@ -423,6 +475,17 @@ async def _gather(
                 sample.reward = await score_sample(context, sample)
 
     await asyncio.gather(*(one(s) for s in samples))
+
+
+def step_line(step: dict[str, Any]) -> str:
+    """One GRPO step's diagnostics on one line: what the rollouts scored, whether there was anything to
+    learn from (groups with differing rewards), and how far the step moved the policy."""
+    return (
+        f"step {step['step']}: reward {step['reward_mean']:.3f}, groups with spread {step['groups_with_spread']:.2f}, "
+        f"adv std {step['adv_std']:.2f}, entropy {step.get('entropy', 0.0):.2f}, "
+        f"KL to start {step.get('kl_to_start', 0.0):.4f}, grad norm {step.get('grad_norm', 0.0):.2f}, "
+        f"clip {step['clip_frac']:.3f}, truncated {step['truncated_frac']:.2f}"
+    )
 
 
 def to_train_sample(sample: Sample) -> TrainSample:

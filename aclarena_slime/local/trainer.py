@@ -120,6 +120,33 @@ def ppo_clipped_loss(
     return (per_token * mask).sum(), (was_clipped * mask).sum()
 
 
+def advantage_figures(advantages: Sequence[float], groups: Sequence[int]) -> dict[str, float]:
+    """Whether a step has anything to learn from: the share of samples with a non-zero advantage, the share of
+    groups whose rewards differ (a group of equal rewards, all right or all wrong, has no gradient), and the
+    advantages' standard deviation."""
+    by_group: dict[int, list[float]] = {}
+    for a, g in zip(advantages, groups, strict=True):
+        by_group.setdefault(g, []).append(a)
+    n = len(advantages)
+    mean = sum(advantages) / n if n else 0.0
+    return {
+        "nonzero_adv_frac": sum(abs(a) > 1e-8 for a in advantages) / n if n else 0.0,
+        "groups_with_spread": sum(any(abs(a) > 1e-8 for a in g) for g in by_group.values()) / max(len(by_group), 1),
+        "adv_std": (sum((a - mean) ** 2 for a in advantages) / n) ** 0.5 if n else 0.0,
+    }
+
+
+def _pass_sums(
+    new: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Mask-summed |policy - rollout| log-prob, entropy, and KL (k3, non-negative) of the policy to the start."""
+    return {
+        "logprob_mismatch": float(((new - old).abs() * mask).sum()),
+        "entropy": float((entropy * mask).sum()),
+        "kl_to_start": float((approx_kl(new, ref, "k3") * mask).sum()),
+    }
+
+
 class PolicyTrainer:
     """The policy a local stage trains, its optimiser, its KL reference and its export.
 
@@ -151,10 +178,11 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay
         )
-        # The KL reference: a frozen copy of the policy the stage starts from (only when there is a KL term),
-        # unless one is given (experts on one backbone share it: :mod:`aclarena_slime.local.parallel_mle`).
+        # The policy the stage starts from, frozen: the KL term's reference, and what ``kl_to_start`` measures
+        # the policy against every step; a given one is shared (experts on one backbone:
+        # :mod:`aclarena_slime.local.parallel_mle`).
         self.reference = reference
-        if self.reference is None and settings.kl_coef > 0:
+        if self.reference is None:
             self.reference = copy.deepcopy(self.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
@@ -195,51 +223,58 @@ class PolicyTrainer:
         return cls(model, settings, pad_id=int(pad or 0), full=lora is None, tokenizer=tokenizer)
 
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """One policy-gradient step on the step's rollouts; returns what happened, as plain numbers."""
+        """One policy-gradient step on the step's rollouts; returns what happened, as plain numbers.
+
+        Besides the loss, the diagnostics of why a step does or does not learn (:func:`advantage_figures`,
+        and from the pass before the update: the policy's token entropy and its KL to the starting policy,
+        ``entropy`` and ``kl_to_start``; the first update's ``grad_norm``; ``clip_frac`` of the last update).
+        """
         usable = [s for s in samples if s.response_length > 0 and sum(s.loss_mask) > 0]
         advantages = grpo_advantages([s.reward for s in usable], [s.group for s in usable])
         n_tokens = sum(sum(s.loss_mask) for s in usable)
         out = {"samples": float(len(usable)), "loss_tokens": float(n_tokens), "loss": 0.0, "clip_frac": 0.0}
-        out["nonzero_adv_frac"] = sum(abs(a) > 1e-8 for a in advantages) / len(usable) if usable else 0.0
+        out.update(advantage_figures(advantages, [s.group for s in usable]))
         if not usable:
             out["skipped"] = 1.0
             return out
-        if out["nonzero_adv_frac"] == 0.0 and self.reference is None:  # nothing to learn: every group had one reward
+        if out["nonzero_adv_frac"] == 0.0 and not self.settings.kl_coef:  # nothing to learn: one reward per group
             with torch.no_grad():
-                out["logprob_mismatch"] = self._mismatch(usable, advantages) / n_tokens
+                out.update(self._measure(usable, advantages, n_tokens))
             out["skipped"] = 1.0
             return out
         self.model.train()
-        mismatch = 0.0
         size = self.settings.micro_batch_size
         for update in range(self.settings.updates_per_step):
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = clipped_sum = diff_sum = kl_sum = 0.0
+            loss_sum = clipped_sum = kl_sum = 0.0
+            before = {"logprob_mismatch": 0.0, "entropy": 0.0, "kl_to_start": 0.0}
             for start in range(0, len(usable), size):
                 batch, adv = usable[start : start + size], advantages[start : start + size]
-                new_lp, old_lp, mask, adv_t = self._batch_log_probs(batch, adv)
+                new_lp, old_lp, mask, adv_t, entropy = self._batch_log_probs(batch, adv)
                 loss, clipped = ppo_clipped_loss(
                     new_lp, old_lp, adv_t, mask, self.settings.clip_eps_low, self.settings.clip_eps_high
                 )
-                if self.reference is not None:
+                if self.settings.kl_coef or update == 0:
                     with torch.no_grad():
                         ref_lp = self._batch_log_probs(batch, adv, self.reference)[0]
+                if self.settings.kl_coef:
                     kl = (approx_kl(new_lp, ref_lp, self.settings.kl_loss_type) * mask).sum()
                     loss = loss + self.settings.kl_coef * kl
                     kl_sum += float(kl.detach())
                 (loss / n_tokens).backward()
                 loss_sum += float(loss.detach())
                 clipped_sum += float(clipped)
-                diff_sum += float(((new_lp.detach() - old_lp).abs() * mask).sum())
+                if update == 0:
+                    for key, value in _pass_sums(new_lp.detach(), old_lp, ref_lp, entropy, mask).items():
+                        before[key] += value
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
             self.optimizer.step()
             if update == 0:
-                mismatch = diff_sum / n_tokens
+                out.update({key: value / n_tokens for key, value in before.items()})
                 out["grad_norm"] = float(grad_norm)
             out["loss"], out["clip_frac"] = loss_sum / n_tokens, clipped_sum / n_tokens
-            if self.reference is not None:
+            if self.settings.kl_coef:
                 out["kl"] = kl_sum / n_tokens
-        out["logprob_mismatch"] = mismatch
         self.model.eval()
         return out
 
@@ -254,20 +289,24 @@ class PolicyTrainer:
             self.settings.max_grad_norm,
         )
 
-    def _mismatch(self, samples: Sequence[TrainSample], advantages: Sequence[float]) -> float:
-        """Summed |current - rollout| log-prob over loss-mask tokens: ~0 when the plumbing is right."""
-        total = 0.0
+    def _measure(self, samples: Sequence[TrainSample], advantages: Sequence[float], n_tokens: int) -> dict[str, float]:
+        """The pass-before-update figures of a step that trains nothing: log-prob mismatch (|current - rollout|,
+        ~0 when the plumbing is right), entropy and KL to the starting policy, token means."""
+        sums = {"logprob_mismatch": 0.0, "entropy": 0.0, "kl_to_start": 0.0}
         size = self.settings.micro_batch_size
         for start in range(0, len(samples), size):
-            new, old, mask, _ = self._batch_log_probs(samples[start : start + size], advantages[start : start + size])
-            total += float(((new - old).abs() * mask).sum())
-        return total
+            batch, adv = samples[start : start + size], advantages[start : start + size]
+            new, old, mask, _, entropy = self._batch_log_probs(batch, adv)
+            ref = self._batch_log_probs(batch, adv, self.reference)[0]
+            for key, value in _pass_sums(new, old, ref, entropy, mask).items():
+                sums[key] += value
+        return {key: value / n_tokens for key, value in sums.items()}
 
     def _batch_log_probs(
         self, batch: Sequence[TrainSample], advantages: Sequence[float], model: Any = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs of each response token under ``model`` (the policy unless given), with the rollout's,
-        the mask and the advantages."""
+        the mask, the advantages and the token entropy (no gradient) of the sampling distribution."""
         longest = max(len(s.tokens) for s in batch)
         width = max(s.response_length for s in batch)
         ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
@@ -291,9 +330,13 @@ class PolicyTrainer:
             if window.shape[0] < width:  # shorter sample: pad the window (masked out anyway)
                 window = torch.cat([window, window.new_zeros(width - window.shape[0], window.shape[1])])
             rows.append(window)
-        new = token_log_probs(torch.stack(rows), targets, self.settings.temperature)
+        windows = torch.stack(rows)
+        new = token_log_probs(windows, targets, self.settings.temperature)
         adv = torch.tensor(advantages, dtype=torch.float32).unsqueeze(1).expand(-1, width)
-        return new, old, mask, adv
+        with torch.no_grad():
+            log_p = torch.log_softmax(windows.detach().float() / self.settings.temperature, dim=-1)
+            entropy = -(log_p.exp() * log_p).sum(-1)
+        return new, old, mask, adv, entropy
 
     def sync_weights(self, engine_model: Any) -> None:
         """Full fine-tuning: copy the trained weights into the engine's model, in place (the local analogue

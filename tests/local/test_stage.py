@@ -174,3 +174,38 @@ def test_the_same_seed_gives_the_same_metrics(tmp_path):
     assert first == second
     assert gaps[0] == pytest.approx(gaps[1], abs=1e-6)
     assert runs[0]["seed"] == 3 and json.loads((tmp_path / "0" / "mock" / "metrics.json").read_text())["seed"] == 3
+
+
+@pytest.mark.slow
+def test_a_grpo_run_records_why_it_learns_or_not(tmp_path):
+    """Each step keeps the diagnostics of issue 25 (what the rollouts scored, whether their groups had a
+    reward spread, entropy, KL to the starting policy, grad norm, clip fraction), within their ranges; the
+    held-out reward is measured greedily and at the sampling temperature."""
+    cfg = small(
+        tmp_path,
+        "learnable",
+        steps=3,
+        samples_per_prompt=8,
+        max_response_len=8,
+        lr=5e-2,
+        updates_per_step=2,  # the second pass is off-policy: the clip can engage
+        lora={"rank": 8, "target_modules": ["q_proj", "v_proj", "lm_head"]},
+        seed=1,
+    )
+    metrics = run_stage(cfg)
+    steps = json.loads(cfg.metrics_path.read_text())["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    for s in steps:
+        assert 0.0 <= s["clip_frac"] <= 1.0
+        assert 0.0 <= s["groups_with_spread"] <= 1.0 and s["adv_std"] >= 0.0
+        assert (s["groups_with_spread"] > 0) == (s["nonzero_adv_frac"] > 0)
+        assert s["kl_to_start"] >= 0.0 and s["entropy"] > 0.0
+        assert 0.0 <= s["reward_mean"] <= 1.0
+    assert steps[0]["kl_to_start"] == 0.0  # measured before the first update: the policy is the start
+    trained = [s for s in steps[:-1] if not s.get("skipped")]
+    assert trained, steps  # seed 1 has a group with a reward spread in its first two steps
+    assert all(s["grad_norm"] > 0.0 for s in trained)
+    assert steps[-1]["kl_to_start"] > 0.0  # an update moved the policy away from where it started
+    sampled = metrics["eval_sampled"]
+    assert sampled["after"]["n"] == metrics["eval_after"]["n"] == 2
+    assert 0.0 <= sampled["before"]["mean_reward"] <= 1.0

@@ -206,6 +206,6 @@ def test_the_kl_term_is_zero_at_the_reference_and_changes_the_loss_away_from_it(
     at_reference = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, kl_coef=1.0), lora)
     samples = _group(at_reference)
     with torch.no_grad():
-        new, _, mask, _ = at_reference._batch_log_probs(samples, [0.0, 0.0])
-        ref, _, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0], at_reference.reference)
+        new, _, mask, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0])
+        ref, _, _, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0], at_reference.reference)
     assert float((approx_kl(new, ref) * mask).sum()) == 0.0  # the reference is the policy the stage starts from

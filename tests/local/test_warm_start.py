@@ -19,7 +19,7 @@ from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
 from aclarena_slime.local.records import prompt_key, stage_records
 from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
-from aclarena_slime.local.stage import tokenizer_texts
+from aclarena_slime.local.stage import cached_warm_start, tokenizer_texts
 from aclarena_slime.local.tiny_model import TinyShape, build_tiny_tokenizer
 from aclarena_slime.rollout import Budgets
 
@@ -181,6 +181,29 @@ def test_held_out_prompts_are_never_training_prompts(tmp_path):
     asyncio.run(env.aclose())
 
 
+def test_rl_prompts_are_not_the_warm_starts_prompts(tmp_path):
+    """The warm-started tiny model answers its warm-start prompts from memory (issue 25's diagnostics: sampled
+    reward 0.30 on them, 0.06 on held-out prompts); GRPO trains on others, and its prompts do not move the
+    warm start's records (a cached warm start stays valid when the RL steps change)."""
+    env = SearchEnvironment({})
+    cfg = LocalStageConfig(
+        env="search",
+        output_dir=str(tmp_path),
+        eval_size=8,
+        steps=4,
+        prompts_per_step=8,
+        warm_start_steps=1,
+        warm_start_demos="aclarena_envs.search.data.demo_turns",
+        warm_start_records=64,
+    )
+    split = stage_records(env, cfg)
+    assert len(split.train) == 32 and len(split.warm_start) == 64
+    assert not {prompt_key(r) for r in split.train} & {prompt_key(r) for r in split.warm_start}
+    longer = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "steps": 8}))
+    assert longer.warm_start == split.warm_start and longer.train[:32] == split.train
+    asyncio.run(env.aclose())
+
+
 def test_the_monitors_demo_prompts_are_never_training_prompts_whatever_the_seed(tmp_path):
     """The evaluation runner and the forgetting monitor check the demo records of HELD_OUT_SEED; a stage of
     another seed holds them out of its training records too."""
@@ -232,6 +255,17 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     # A chained stage continuing this expert loads the backbone the expert was trained on.
     chained = LocalStageConfig(env="math", output_dir=str(tmp_path / "next"), base_adapter=str(cfg.adapter_dir))
     assert chained.model_source == warm["backbone"]
+    assert warm["cached"] is False
+
+    # Another RL run in the same folder reuses the warm start (same settings and seed); a warm-start setting
+    # changed is a new warm start.
+    weights = cfg.warm_start_dir / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    again = run_stage(LocalStageConfig(**{**cfg.to_dict(), "steps": 2, "lr": 5e-3}))
+    assert again["warm_start"]["cached"] is True and weights.stat().st_mtime_ns == written
+    assert again["eval_before"] == metrics["eval_before"] and again["eval_warm_start"] == metrics["eval_warm_start"]
+    assert again["warm_start"]["sft"] == warm["sft"]
+    assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "warm_start_lr": 5e-3})) is None
 
 
 def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):

@@ -27,7 +27,7 @@ def test_command_line_overrides_reach_the_local_stage(tmp_path: Path, monkeypatc
     cfg = stage_sh_local(MATH, "algorithm.lr=5e-3", "rollout.n_samples_per_prompt=2")
     assert (cfg.lr, cfg.samples_per_prompt) == (5e-3, 2)
     # The rest comes from the local profile (recipes/profile/local.yaml, recipes/env/local/math.yaml).
-    assert (cfg.steps, cfg.prompts_per_step, cfg.max_response_len, cfg.model) == (2, 8, 32, "tiny")
+    assert (cfg.steps, cfg.prompts_per_step, cfg.max_response_len, cfg.model) == (16, 8, 32, "tiny")
     assert cfg.output_dir == str(tmp_path / "runs" / "stage1_math" / "local")
 
 
