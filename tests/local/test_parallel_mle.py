@@ -90,10 +90,12 @@ def _cfg(tmp_path, env, **extra):
 def test_experts_side_by_side_end_within_noise_of_experts_alone(tmp_path):
     """Two experts (learnable, mock) in one job: one engine serving both, one trainer with two adapters.
 
-    Each ends within 1e-4 (absolute, per parameter) of the same expert trained alone with the same seeds
-    and steps, against a training move above 1e-3: the only difference is the float round-off of the
-    engine's batches, which now hold both experts' requests. The outputs are one PEFT folder per expert
-    and experts.json.
+    Each ends within 0.1% (L2 over the adapter) of the same expert trained alone with the same seeds and
+    steps, measured against how far its B matrices moved from 0: the only difference is the float
+    round-off of the engine's batches, which now hold both experts' requests. Adam turns that round-off
+    into a visible move on the few parameters whose gradient nearly cancels (up to ~7e-4 absolute at lr
+    5e-2 on a loaded machine, 2e-4 of the move in L2), so a per-parameter bound is flaky; the norm is not.
+    one PEFT folder per expert and experts.json.
     """
     cfgs = [_cfg(tmp_path, "learnable"), _cfg(tmp_path, "mock", env_config={"max_turns": 2})]
     together = run_parallel_mle(cfgs, tmp_path / "parallel")
@@ -105,9 +107,10 @@ def test_experts_side_by_side_end_within_noise_of_experts_alone(tmp_path):
         mine = load_file(str(table.experts[cfg.env].path / "adapter_model.safetensors"))
         theirs = load_file(str(cfg.adapter_dir / "adapter_model.safetensors"))
         assert set(mine) == set(theirs)
-        gap = max(float((mine[k] - theirs[k]).abs().max()) for k in mine)
-        assert gap < 1e-4, (cfg.env, gap)
-        moved = max(moved, *(float(v.abs().max()) for k, v in mine.items() if "lora_B" in k))  # B starts at 0
+        gap = sum(float((mine[k] - theirs[k]).pow(2).sum()) for k in mine) ** 0.5
+        move = sum(float(v.pow(2).sum()) for k, v in theirs.items() if "lora_B" in k) ** 0.5  # B starts at 0
+        assert gap <= 1e-3 * move, (cfg.env, gap, move)
+        moved = max(moved, *(float(v.abs().max()) for k, v in mine.items() if "lora_B" in k))
         rewards = [s["reward_mean"] for s in together["experts"][cfg.env]["steps"]]
         assert rewards == pytest.approx([s["reward_mean"] for s in alone["steps"]], abs=1e-9)
     assert moved > 1e-3
