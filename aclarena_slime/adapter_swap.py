@@ -95,7 +95,9 @@ def verify_checksum(path: str | os.PathLike[str], expected: str) -> None:
     """Refuse an adapter folder whose files are not the ones the checksum was taken of."""
     actual = adapter_checksum(path)
     if actual != expected:
-        raise AdapterSwapError(f"adapter files at {path} do not match their checksum ({actual[:12]} != {expected[:12]})")
+        raise AdapterSwapError(
+            f"adapter files at {path} do not match their checksum ({actual[:12]} != {expected[:12]})"
+        )
 
 
 @dataclass(frozen=True)

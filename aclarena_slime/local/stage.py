@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.experts import ExpertTable
@@ -182,7 +183,10 @@ async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[
     """The engine on ``model_dir`` and one rollout context for it: the stage's env and the replayed envs,
     their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
     session) is closed, on this loop, before the engine stops."""
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings), served_name=cfg.served_name)
+    engine = LocalEngine(
+        MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings),
+        served_name=cfg.served_name,
+    )
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
         replayed = (cfg.replay.get("env_config") or {}) if cfg.replay.get("enabled") else {}
         configs = {cfg.env: cfg.env_config, **{t: replayed.get(t) or {} for t in cfg.replay.get("domains") or ()}}
@@ -205,7 +209,15 @@ async def serve_policy(cfg: LocalStageConfig, stage: ServedStage, trainer: Polic
         trainer.sync_weights(stage.engine.model.base)
         return
     trainer.save(cfg.adapter_dir)
-    await stage.context.client().swap_adapter(cfg.expert_name, str(cfg.adapter_dir), loaded=loaded)
+    checksum = adapter_checksum(cfg.adapter_dir)  # the engine checks the files it reads against it
+    await swap_adapter(
+        [stage.context.client()],
+        cfg.expert_name,
+        cfg.adapter_dir,
+        checksum=checksum,
+        engine_verifies=True,
+        loaded=loaded,
+    )
     stage.context.experts = ExpertTable.from_mapping({tag: cfg.expert_name for tag in stage.context.env_configs})
 
 
