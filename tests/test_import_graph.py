@@ -31,7 +31,8 @@ LAYERS: list[set[str]] = [
         "experts",
         "tis",
         "sglang_client",
-    },  # formats, clients
+        "adapter_swap",
+    },  # formats, clients (adapter_swap: the one way an engine's adapters change)
     {"plugin"},  # the env contract, registry and conformance kit
     {"agent_loop", "rollout", "group_rewards"},  # the one shared rollout
     {"lora", "router", "distill"},
