@@ -126,6 +126,8 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         if cluster.colocate:
             raise RecipeError("cluster.rollout_num_gpus is for a disaggregated layout; set cluster.colocate=false")
         flags.add("rollout_num_gpus", cluster.rollout_num_gpus if engines else None, "cluster.rollout_num_gpus")
+    if cluster.train_async:
+        _check_async(recipe, engines)
     if engines:
         flags.add("colocate", cluster.colocate, "cluster.colocate")
         per_engine = cluster.rollout_num_gpus_per_engine
@@ -178,7 +180,7 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         custom_config=custom,
         custom_config_path=custom_path,
         runtime_env=runtime_env(recipe),
-        train_script=f"{recipe.paths.slime}/train.py",
+        train_script=f"{recipe.paths.slime}/{'train_async.py' if cluster.train_async else 'train.py'}",
         services=dict(recipe.services),
         eval_config=eval_config,
     )
@@ -276,6 +278,22 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     out = config.to_dict()
     out["target_modules"] = list(config.target_modules)
     return out
+
+
+def _check_async(recipe: StageRecipe, engines: bool) -> None:
+    """What slime's train_async.py cannot run, refused before any GPU is taken (slime asserts the first)."""
+    if recipe.cluster.colocate:
+        raise RecipeError(
+            "cluster.train_async: slime's train_async.py refuses colocation (assert not args.colocate): "
+            "set cluster.colocate=false and cluster.rollout_num_gpus"
+        )
+    if not engines or recipe.kind == "sft":
+        raise RecipeError("cluster.train_async overlaps rollout with training: an SFT stage has no rollout to overlap")
+    if recipe.lora.enabled and recipe.lora.staleness_budget is None:
+        raise RecipeError(
+            "cluster.train_async with lora.enabled needs lora.staleness_budget (e.g. 1): the rollout then runs on "
+            "versioned adapters (name@N), so an episode keeps the version it started on while the next sync lands"
+        )
 
 
 def _refuse_pipeline_parallel(recipe: StageRecipe) -> None:
