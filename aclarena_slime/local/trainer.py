@@ -246,6 +246,18 @@ class PolicyTrainer:
             self.settings.max_grad_norm,
         )
 
+    @torch.no_grad()
+    def recompute_log_probs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """The policy's log-probs of each sample's response tokens, as the loss sees them (the parity check's
+        trainer side, :mod:`aclarena_slime.parity`)."""
+        out: list[list[float]] = []
+        size = self.settings.micro_batch_size
+        for start in range(0, len(samples), size):
+            batch = samples[start : start + size]
+            new = self._batch_log_probs(batch, [0.0] * len(batch))[0]
+            out += [new[i, : s.response_length].tolist() for i, s in enumerate(batch)]
+        return out
+
     def _mismatch(self, samples: Sequence[TrainSample], advantages: Sequence[float]) -> float:
         """Summed |current - rollout| log-prob over loss-mask tokens: ~0 when the plumbing is right."""
         total = 0.0
