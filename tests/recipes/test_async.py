@@ -24,6 +24,11 @@ def test_async_recipe_runs_train_async_with_versioned_adapters(tmp_path: Path):
     assert "--colocate" not in args
     assert args[args.index("--rollout-num-gpus") + 1] == "8"
     assert all(flag in known_flags() for flag in args if flag.startswith("--"))  # slime's parser knows each
+    # The parity check at the first train step, with the recompute it compares against.
+    assert (
+        args[args.index("--rollout-data-postprocess-path") + 1] == "aclarena_slime.slime_edge.parity.check_first_batch"
+    )
+    assert "--get-mismatch-metrics" in args
     lora = command.custom_config["aclarena_lora"]
     assert lora["staleness_budget"] == 1 and lora["sync_dir"]
     assert command.custom_config["aclarena_experts"]["retail"] == "retail"
