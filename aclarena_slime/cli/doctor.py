@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from aclarena_slime.cli import CommandError
+
+if TYPE_CHECKING:
+    from aclarena_slime.launcher.preflight import Check
+    from aclarena_slime.recipes.schema import StageRecipe
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aclarena_slime.launcher import preflight
+    from aclarena_slime.launcher.backend import runs_local
     from aclarena_slime.launcher.stage import normalise_overrides
     from aclarena_slime.recipes.compiler import compile_recipe
     from aclarena_slime.recipes.compose import RecipeError, load_recipe
@@ -37,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     except (RecipeError, UnknownFlagError) as exc:
         raise CommandError(str(exc)) from exc
     checks = preflight.recipe_checks(recipe, command)
+    if runs_local(recipe):  # the local backend runs the parity check here, always (no GPU needed)
+        checks.append(local_parity_check(recipe))
     if not args.no_cluster:
         from aclarena_slime.launcher.preflight_cluster import cluster_checks
 
@@ -49,3 +57,15 @@ def run(args: argparse.Namespace) -> int:
         bad = sum(c.status == "fail" for c in checks)
         print(f"{len(checks)} checks: {bad} failed" if bad else f"{len(checks)} checks: all passed")
     return 1 if preflight.failed(checks) else 0
+
+
+def local_parity_check(recipe: StageRecipe) -> Check:
+    """The engine's log-probs of a few rollouts against the trainer's recompute, on the local backend
+    (:mod:`aclarena_slime.local.parity_probe`); on slime the job checks its first batch itself."""
+    from aclarena_slime.launcher.preflight import Check
+    from aclarena_slime.local.parity_probe import run_probe
+    from aclarena_slime.local.spec import local_config
+
+    report = run_probe(local_config(recipe))
+    fix = "the engine does not serve what the trainer holds: check the adapter, template and temperature"
+    return Check("log-prob parity", "ok" if report["ok"] else "fail", report["line"], "" if report["ok"] else fix)

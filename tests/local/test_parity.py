@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,15 @@ def test_a_mismatch_stops_the_stage_before_it_trains(tmp_path, monkeypatch):
     with pytest.raises(parity.ParityError, match="parity FAILED.*mean \\|gap\\| 0.5"):
         stage_module.run_stage(_cfg(tmp_path))
     assert steps == []
+
+
+def test_the_doctor_runs_the_parity_check_for_a_local_recipe(tmp_path):
+    from aclarena_slime.cli.doctor import local_parity_check
+    from aclarena_slime.recipes.compose import load_recipe
+    from aclarena_slime.recipes.schema import StageRecipe
+
+    root = Path(__file__).resolve().parents[2] / "recipes"
+    recipe: StageRecipe = load_recipe(root / "stage1_math.yaml", ["cluster=local", f"paths.root={tmp_path}"])
+    check = local_parity_check(recipe)
+    assert check.status == "ok" and "log-prob parity ok" in check.detail, check.line()
+    assert not any((tmp_path / "runs").rglob("adapter_model.safetensors"))  # a probe leaves no stage outputs
