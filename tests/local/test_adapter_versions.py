@@ -204,3 +204,16 @@ async def test_an_unversioned_swap_replaces_the_adapter_in_place(engine, adapter
     await swap_adapter([engine.client], "expert", adapter_dir, loaded=False)
     await swap_adapter([engine.client], "expert", adapter_dir)
     assert sorted(engine.model.adapters) == ["expert"]
+
+
+async def test_a_plain_adapter_that_is_not_loaded_is_still_an_error(engine, tmp_path):
+    """Only a versioned episode's adapter can retire; a plain name that is missing is a setup error."""
+
+    async def nothing(turn: int) -> None:
+        return None
+
+    tag = _register(nothing)
+    context = _context(engine, AdapterLedger(tmp_path))  # empty ledger: the plain name is requested
+    async with context:
+        with pytest.raises(SGLangError, match="not loaded"):
+            await run_sample(context, FakeSample(prompt="p", metadata={"env": tag}), _params(engine))
