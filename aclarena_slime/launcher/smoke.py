@@ -436,7 +436,7 @@ def run_smoke(settings: SmokeSettings) -> int:
     if recipe.kind != "rl":
         raise SmokeError(f"--smoke runs RL stages (slime's rollout side); {recipe.name} is kind {recipe.kind!r}")
     command = compile_recipe(recipe)
-    work = (settings.work_dir or Path.cwd() / "runs" / "smoke" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    work = settings.work_dir or Path.cwd() / "runs" / "smoke" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(f"[smoke] recipe {recipe.name}, env {recipe.data.env}; outputs in {work}", file=sys.stderr)
@@ -471,6 +471,8 @@ def run_smoke(settings: SmokeSettings) -> int:
             stack.append(start_service(name, smoke_service, work))
             moved[service.url] = smoke_service.url
         custom = rebind_urls(command.custom_config, moved)
+        if custom.get("aclarena_lora"):
+            custom = serve_first_adapter(custom, model_dir, work / "adapters", engine.url)
         command.custom_config_path = work / "custom_config.yaml"
         command.custom_config = custom
         command.write_custom_config()
@@ -499,6 +501,37 @@ def run_smoke(settings: SmokeSettings) -> int:
     print(smoke_report.report_text(report))
     print(f"[smoke] report: {work / 'report.json'}", file=sys.stderr)
     return 0 if report["ok"] else 1
+
+
+def serve_first_adapter(custom: dict[str, Any], model_dir: Path, sync_dir: Path, engine_url: str) -> dict[str, Any]:
+    """A LoRA stage's first sync, which slime skips with --debug-rollout-only: a fresh adapter (B = 0) on the
+    smoke's model goes to the engine through the stage's own sync (versioned when the recipe says so), so the
+    rollout requests the adapter it would train. Returns the custom config with ``sync_dir`` moved here."""
+    import asyncio
+
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    from aclarena_slime.lora.config import LoraConfig
+    from aclarena_slime.lora.export import peft_adapter_config
+    from aclarena_slime.lora.sync import sync_adapter
+
+    lora = {**custom["aclarena_lora"], "sync_dir": str(sync_dir)}
+    config = LoraConfig.from_mapping(lora)
+    adapter_config = peft_adapter_config(config, str(model_dir))
+    model = peft.get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir), peft.LoraConfig(**{**adapter_config, "inference_mode": False})
+    )
+    tensors = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model).items()}
+    versioned = config.staleness_budget is not None
+    result = asyncio.run(
+        sync_adapter(
+            [engine_url], str(config.adapter_name), tensors, adapter_config, sync_dir=str(sync_dir),
+            version=0 if versioned else None, staleness_budget=config.staleness_budget or 0,
+        )
+    )  # fmt: skip
+    print(f"[smoke] adapter {result.served} served (the first sync slime skips in rollout-only mode)", file=sys.stderr)
+    return {**custom, "aclarena_lora": lora}
 
 
 def _leftovers(started: list[Any]) -> list[int]:
