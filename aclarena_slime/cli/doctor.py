@@ -31,7 +31,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aclarena_slime.launcher import preflight
-    from aclarena_slime.launcher.backend import runs_local
     from aclarena_slime.launcher.stage import normalise_overrides
     from aclarena_slime.recipes.compiler import compile_recipe
     from aclarena_slime.recipes.compose import RecipeError, load_recipe
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     except (RecipeError, UnknownFlagError) as exc:
         raise CommandError(str(exc)) from exc
     checks = preflight.recipe_checks(recipe, command)
-    if runs_local(recipe):  # the local backend runs the parity check here, always (no GPU needed)
+    if recipe.cluster.backend == "local":  # cluster=local: the parity check runs here, always (no GPU needed)
         checks.append(local_parity_check(recipe))
     if not args.no_cluster:
         from aclarena_slime.launcher.preflight_cluster import cluster_checks
@@ -65,7 +64,11 @@ def local_parity_check(recipe: StageRecipe) -> Check:
     from aclarena_slime.launcher.preflight import Check
     from aclarena_slime.local.parity_probe import run_probe
     from aclarena_slime.local.spec import local_config
+    from aclarena_slime.recipes.compose import RecipeError
 
-    report = run_probe(local_config(recipe))
+    try:
+        report = run_probe(local_config(recipe))
+    except RecipeError as exc:
+        return Check("log-prob parity", "fail", f"the local backend cannot run this recipe: {exc}", "fix the recipe")
     fix = "the engine does not serve what the trainer holds: check the adapter, template and temperature"
     return Check("log-prob parity", "ok" if report["ok"] else "fail", report["line"], "" if report["ok"] else fix)
