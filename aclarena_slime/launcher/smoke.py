@@ -232,6 +232,16 @@ def service_for_smoke(service: Any, roots: Sequence[str], demo: bool, port: int)
     )
 
 
+def served_llm(service: Any) -> str | None:
+    """The OpenAI model name of a service that is an SGLang server (a user simulator), else None: the smoke
+    has no such model on a CPU, and its local engine speaks the same API under that name."""
+    command = [str(part) for part in service.command]
+    if "sglang.launch_server" not in command:
+        return None
+    names = _flag_values(command, "--served-model-name")
+    return names[0] if names else "default"
+
+
 def rebind_urls(value: Any, moved: dict[str, str]) -> Any:
     """``value`` (env config) with every service URL of the recipe replaced by where the smoke runs it."""
     if isinstance(value, str):
@@ -453,18 +463,27 @@ def run_smoke(settings: SmokeSettings) -> int:
     python = sys.executable
     rng = random.Random()
     dump = work / "dumps"
+    llms = {name: s for name, s in recipe.services.items() if served_llm(s) is not None}
+    served_names = sorted({served_llm(s) for s in llms.values()} - {None})
+    if len(served_names) > 1:
+        raise SmokeError(f"the smoke's one engine stands in for one served LLM; the recipe has {served_names}")
     with _started([]) as stack:
         engine_port = free_port()
         engine = ServiceConfig(
             command=[python, "-m", "aclarena_slime", "local", "serve-engine", "--model", str(model_dir),
-                     "--host", "127.0.0.1", "--port", str(engine_port)],
+                     "--host", "127.0.0.1", "--port", str(engine_port),
+                     *(["--served-name", served_names[0]] if served_names else [])],
             host="127.0.0.1", port=engine_port, ready_path="/health", ready_timeout_s=300.0,
             url=f"http://127.0.0.1:{engine_port}",
         )  # fmt: skip
         engine_run = start_service("engine", engine, work)
         stack.append(engine_run)
-        moved: dict[str, str] = {}
+        moved: dict[str, str] = {s.url: engine.url for s in llms.values()}  # the local engine serves them too
+        for name in llms:
+            print(f"[smoke] service {name}: an LLM server; the smoke's engine answers in its place", file=sys.stderr)
         for name, service in recipe.services.items():
+            if name in llms:
+                continue
             smoke_service = service_for_smoke(
                 service, (recipe.paths.data, recipe.paths.models), settings.data is None, free_port()
             )
