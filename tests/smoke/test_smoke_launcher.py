@@ -55,7 +55,9 @@ def test_math_recipe_is_shrunk_to_a_rollout_only_run_and_says_what_it_turned_off
     assert values(argv, "--hf-checkpoint") == [str(tmp_path / "model")]
     # Our hooks stay exactly as the recipe sets them: they are what the smoke is for.
     assert values(argv, "--custom-generate-function-path") == ["aclarena_slime.slime_edge.rollout.generate"]
-    assert values(argv, "--custom-reward-post-process-path") == ["aclarena_slime.slime_edge.rollout.reward_post_process"]
+    assert values(argv, "--custom-reward-post-process-path") == [
+        "aclarena_slime.slime_edge.rollout.reward_post_process"
+    ]
     assert any("dynamic sampling off" in n for n in notes) and any("KL" in n for n in notes)
     assert len(argv) == len(set(a for a in argv if a.startswith("--"))) + sum(1 for a in argv if not a.startswith("--"))
 
