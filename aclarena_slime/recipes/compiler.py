@@ -267,13 +267,10 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     flags.add("custom_megatron_init_path", hook_path("lora_megatron_init"), "lora.enabled")
     flags.add("only_train_params_name_list", [ADAPTER_PARAM_PATTERN], "lora.enabled")
     flags.add("dist_ckpt_strictness", "log_unexpected", "lora.enabled")  # a backbone checkpoint has no adapter keys
-    if config.staleness_budget is not None:
+    if config.staleness_budget is not None and "--rollout-data-postprocess-path" not in flags.origins:
         # Versioned adapters: check at the first train step that the engine served what the trainer holds
-        # (aclarena_slime/slime_edge/parity.py); slime recomputes the log-probs only with mismatch metrics on.
-        if "--rollout-data-postprocess-path" not in flags.origins:
-            flags.add("rollout_data_postprocess_path", hook_path("parity"), "lora.staleness_budget")
-        if "--get-mismatch-metrics" not in flags.origins:
-            flags.add("get_mismatch_metrics", True, "lora.staleness_budget")
+        # (aclarena_slime/slime_edge/parity.py; it compares where slime made a separate recompute).
+        flags.add("rollout_data_postprocess_path", hook_path("parity"), "lora.staleness_budget")
     flags.add("--sglang-enable-lora", True, "lora.enabled")
     flags.add("--sglang-max-lora-rank", config.rank, "lora.rank")
     flags.add("--sglang-lora-target-modules", config.hf_target_modules(), "lora.target_modules")

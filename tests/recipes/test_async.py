@@ -28,7 +28,8 @@ def test_async_recipe_runs_train_async_with_versioned_adapters(tmp_path: Path):
     assert (
         args[args.index("--rollout-data-postprocess-path") + 1] == "aclarena_slime.slime_edge.parity.check_first_batch"
     )
-    assert "--get-mismatch-metrics" in args
+    # Not --get-mismatch-metrics: slime would then require and apply a TIS function, which this recipe turns off.
+    assert "--get-mismatch-metrics" not in args
     lora = command.custom_config["aclarena_lora"]
     assert lora["staleness_budget"] == 1 and lora["sync_dir"]
     assert command.custom_config["aclarena_experts"]["retail"] == "retail"

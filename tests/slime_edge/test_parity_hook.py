@@ -49,13 +49,8 @@ def test_a_gap_above_the_tolerance_stops_the_job():
     hook.check_first_batch(ok, 0, _data(0.2))
 
 
-def test_without_the_recompute_it_says_which_flag_is_missing(monkeypatch):
-    mpu = types.SimpleNamespace(is_pipeline_last_stage=lambda: True)
-    core = types.ModuleType("megatron.core")
-    core.mpu = mpu
-    monkeypatch.setitem(sys.modules, "megatron", sys.modules.get("megatron") or types.ModuleType("megatron"))
-    monkeypatch.setitem(sys.modules, "megatron.core", core)
+def test_without_a_recompute_it_says_it_checked_nothing(capsys):
     data = _data(0.0)
-    del data["log_probs"]
-    with pytest.raises(parity.ParityError, match="--get-mismatch-metrics"):
-        hook.check_first_batch(types.SimpleNamespace(), 0, data)
+    del data["log_probs"]  # slime reused the loss's forward (one optimiser step per rollout)
+    hook.check_first_batch(types.SimpleNamespace(), 0, data)
+    assert "parity not checked" in capsys.readouterr().out
