@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from aclarena_slime.adapter_swap import split_version
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.plugin.contract import Done, Environment, EpisodeAborted, Observation, Score, Task
-from aclarena_slime.sglang_client import SGLangClient, finish_reason, output_tokens
+from aclarena_slime.sglang_client import SGLangClient, SGLangError, finish_reason, output_tokens
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,15 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
         if budget <= 0:
             return await _finish(episode, traj, TRUNCATED, limit)
         params["max_new_tokens"] = budget
-        response = await client.generate(traj.tokens, params, lora_path=settings.lora_path)
+        try:
+            response = await client.generate(traj.tokens, params, lora_path=settings.lora_path)
+        except SGLangError as exc:
+            pinned = settings.lora_path is not None and split_version(settings.lora_path)[1] is not None
+            if not pinned or exc.status not in (400, 404) or "not loaded" not in exc.message:
+                raise
+            # The episode's adapter version was unloaded between its turns (it fell behind the staleness
+            # budget): the episode ends here and is not trained on.
+            return _ended(traj, ABORTED, "adapter_retired", exc.message)
         ids, log_probs = output_tokens(response)
         traj.add(ids, log_probs, trainable=True)
         reason = finish_reason(response)

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from aclarena_slime.adapter_swap import AdapterLedger, ServedVersion
 from aclarena_slime.agent_loop import ABORTED, FAILED, LoopSettings, Trajectory, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.experts import ExpertTable
@@ -103,6 +104,9 @@ class RolloutContext:
     budgets: Budgets
     env_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     experts: ExpertTable | None = None  # when set, requests carry lora_path = the expert of the env tag
+    # When set, each episode is pinned to the expert's current version (``search@12``) for all its turns
+    # and its sample records that version and its staleness (see aclarena_slime.adapter_swap).
+    ledger: AdapterLedger | None = None
     envs: dict[str, Environment] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
     loop: asyncio.AbstractEventLoop | None = None
@@ -131,6 +135,13 @@ class RolloutContext:
     def adapter(self, tag: str) -> str | None:
         return self.experts.adapter_for(tag) if self.experts is not None else None
 
+    def pinned_adapter(self, tag: str) -> tuple[str | None, ServedVersion | None]:
+        """The name an episode of ``tag`` requests for all its turns, and its version when versioned
+        (a ledger without the adapter yet: the plain name, as loaded at start)."""
+        name = self.adapter(tag)
+        version = self.ledger.current(name) if self.ledger is not None and name is not None else None
+        return (name if version is None else version.served), version
+
     async def aclose(self) -> None:
         """Close every env built here and the HTTP session; the context is empty afterwards."""
         envs, self.envs = list(self.envs.values()), {}
@@ -155,9 +166,18 @@ async def run_sample(
     """Roll out one sample through its environment; fills the token fields, status and metadata."""
     tag = env_tag(sample)
     env = context.env(tag)
-    settings = loop_settings(context.budgets, sampling_params, evaluation, lora_path=context.adapter(tag))
+    lora_path, version = context.pinned_adapter(tag)
+    settings = loop_settings(context.budgets, sampling_params, evaluation, lora_path=lora_path)
     traj = await run_episode(env, task_of(sample), context.client(), context.chat, sampling_params, settings)
     fill_sample(sample, traj, context.chat, floor_reward=env.reward_range[0])
+    if version is not None:
+        assert context.ledger is not None
+        now = context.ledger.current(version.adapter)
+        sample.metadata[RECORD_KEY]["adapter"] = {
+            "name": version.served,
+            "version": version.version,
+            "staleness": (now.version if now is not None else version.version) - version.version,
+        }
     if evaluation and traj.score is not None:
         # Evaluation scores the task, whatever reward model training uses (MOPD's is the teacher's KL):
         # slime skips the reward model for a sample that already has a reward.

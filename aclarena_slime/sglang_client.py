@@ -118,15 +118,6 @@ class SGLangClient:
     async def unload_lora_adapter(self, name: str) -> Any:
         return await self.post("/unload_lora_adapter", {"lora_name": name})
 
-    async def swap_adapter(self, name: str, path: str, loaded: bool = True) -> None:
-        """Serve the adapter at ``path`` under ``name`` (``loaded``: a version of it is served now).
-
-        SGLang's protocol: a loaded name cannot be loaded again, so a new version is an unload, then a load.
-        """
-        if loaded:
-            await self.unload_lora_adapter(name)
-        await self.load_lora_adapter(name, path)
-
 
 async def _exchange(
     session: aiohttp.ClientSession,

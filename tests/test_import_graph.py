@@ -31,9 +31,10 @@ LAYERS: list[set[str]] = [
         "experts",
         "tis",
         "sglang_client",
-    },  # formats, clients
+        "adapter_swap",
+    },  # formats, clients (adapter_swap: the one way an engine's adapters change)
     {"plugin"},  # the env contract, registry and conformance kit
-    {"agent_loop", "rollout", "group_rewards"},  # the one shared rollout
+    {"agent_loop", "rollout", "group_rewards", "parity"},  # the one shared rollout; engine vs trainer log-probs
     {"lora", "router", "distill"},
     {"slime_edge"},  # every function slime loads by dotted path
     {"evaluation", "analysis"},  # suites, the runner, the forgetting monitor; tables and plots

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from aclarena_slime.cli import CommandError
+
+if TYPE_CHECKING:
+    from aclarena_slime.launcher.preflight import Check
+    from aclarena_slime.recipes.schema import StageRecipe
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     except (RecipeError, UnknownFlagError) as exc:
         raise CommandError(str(exc)) from exc
     checks = preflight.recipe_checks(recipe, command)
+    if recipe.cluster.backend == "local":  # cluster=local: the parity check runs here, always (no GPU needed)
+        checks.append(local_parity_check(recipe))
     if not args.no_cluster:
         from aclarena_slime.launcher.preflight_cluster import cluster_checks
 
@@ -49,3 +56,19 @@ def run(args: argparse.Namespace) -> int:
         bad = sum(c.status == "fail" for c in checks)
         print(f"{len(checks)} checks: {bad} failed" if bad else f"{len(checks)} checks: all passed")
     return 1 if preflight.failed(checks) else 0
+
+
+def local_parity_check(recipe: StageRecipe) -> Check:
+    """The engine's log-probs of a few rollouts against the trainer's recompute, on the local backend
+    (:mod:`aclarena_slime.local.parity_probe`); on slime the job checks its first batch itself."""
+    from aclarena_slime.launcher.preflight import Check
+    from aclarena_slime.local.parity_probe import run_probe
+    from aclarena_slime.local.spec import local_config
+    from aclarena_slime.recipes.compose import RecipeError
+
+    try:
+        report = run_probe(local_config(recipe))
+    except RecipeError as exc:
+        return Check("log-prob parity", "fail", f"the local backend cannot run this recipe: {exc}", "fix the recipe")
+    fix = "the engine does not serve what the trainer holds: check the adapter, template and temperature"
+    return Check("log-prob parity", "ok" if report["ok"] else "fail", report["line"], "" if report["ok"] else fix)

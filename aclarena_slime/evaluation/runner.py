@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from aclarena_slime.adapter_swap import load_adapters
 from aclarena_slime.agent_loop import FAILED, Trajectory, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.evaluation.records import read_tasks
@@ -114,13 +115,10 @@ async def run_suite(
 
 async def load_experts(client: SGLangClient, experts: ExpertTable) -> list[str]:
     """Load every expert that has a path into the endpoint (one SGLang server with ``--enable-lora``, or
-    the local engine); returns the adapter names loaded. Behind a router the router does this instead."""
-    loaded = []
-    for expert in experts.experts.values():
-        if expert.path is not None and expert.adapter not in loaded:
-            await client.load_lora_adapter(expert.adapter, str(expert.path))
-            loaded.append(expert.adapter)
-    return loaded
+    the local engine), through the one adapter mechanism (:mod:`aclarena_slime.adapter_swap`); returns
+    the adapter names loaded. Behind a router the router does this instead."""
+    adapters = {e.adapter: str(e.path) for e in experts.experts.values() if e.path is not None}
+    return await load_adapters([client], adapters)
 
 
 def _plan(dataset: EvalDataset, settings: RunSettings, experts: ExpertTable | None, env: Environment) -> _Plan:

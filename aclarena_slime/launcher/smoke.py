@@ -232,6 +232,16 @@ def service_for_smoke(service: Any, roots: Sequence[str], demo: bool, port: int)
     )
 
 
+def served_llm(service: Any) -> str | None:
+    """The OpenAI model name of a service that is an SGLang server (a user simulator), else None: the smoke
+    has no such model on a CPU, and its local engine speaks the same API under that name."""
+    command = [str(part) for part in service.command]
+    if "sglang.launch_server" not in command:
+        return None
+    names = _flag_values(command, "--served-model-name")
+    return names[0] if names else "default"
+
+
 def rebind_urls(value: Any, moved: dict[str, str]) -> Any:
     """``value`` (env config) with every service URL of the recipe replaced by where the smoke runs it."""
     if isinstance(value, str):
@@ -436,7 +446,7 @@ def run_smoke(settings: SmokeSettings) -> int:
     if recipe.kind != "rl":
         raise SmokeError(f"--smoke runs RL stages (slime's rollout side); {recipe.name} is kind {recipe.kind!r}")
     command = compile_recipe(recipe)
-    work = (settings.work_dir or Path.cwd() / "runs" / "smoke" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    work = settings.work_dir or Path.cwd() / "runs" / "smoke" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(f"[smoke] recipe {recipe.name}, env {recipe.data.env}; outputs in {work}", file=sys.stderr)
@@ -453,24 +463,35 @@ def run_smoke(settings: SmokeSettings) -> int:
     python = sys.executable
     rng = random.Random()
     dump = work / "dumps"
+    llms = {name: s for name, s in recipe.services.items() if served_llm(s) is not None}
+    served_names = sorted({served_llm(s) for s in llms.values()} - {None})
+    if len(served_names) > 1:
+        raise SmokeError(f"the smoke's one engine stands in for one served LLM; the recipe has {served_names}")
     with _started([]) as stack:
         engine_port = free_port()
         engine = ServiceConfig(
             command=[python, "-m", "aclarena_slime", "local", "serve-engine", "--model", str(model_dir),
-                     "--host", "127.0.0.1", "--port", str(engine_port)],
+                     "--host", "127.0.0.1", "--port", str(engine_port),
+                     *(["--served-name", served_names[0]] if served_names else [])],
             host="127.0.0.1", port=engine_port, ready_path="/health", ready_timeout_s=300.0,
             url=f"http://127.0.0.1:{engine_port}",
         )  # fmt: skip
         engine_run = start_service("engine", engine, work)
         stack.append(engine_run)
-        moved: dict[str, str] = {}
+        moved: dict[str, str] = {s.url: engine.url for s in llms.values()}  # the local engine serves them too
+        for name in llms:
+            print(f"[smoke] service {name}: an LLM server; the smoke's engine answers in its place", file=sys.stderr)
         for name, service in recipe.services.items():
+            if name in llms:
+                continue
             smoke_service = service_for_smoke(
                 service, (recipe.paths.data, recipe.paths.models), settings.data is None, free_port()
             )
             stack.append(start_service(name, smoke_service, work))
             moved[service.url] = smoke_service.url
         custom = rebind_urls(command.custom_config, moved)
+        if custom.get("aclarena_lora"):
+            custom = serve_first_adapter(custom, model_dir, work / "adapters", engine.url)
         command.custom_config_path = work / "custom_config.yaml"
         command.custom_config = custom
         command.write_custom_config()
@@ -499,6 +520,37 @@ def run_smoke(settings: SmokeSettings) -> int:
     print(smoke_report.report_text(report))
     print(f"[smoke] report: {work / 'report.json'}", file=sys.stderr)
     return 0 if report["ok"] else 1
+
+
+def serve_first_adapter(custom: dict[str, Any], model_dir: Path, sync_dir: Path, engine_url: str) -> dict[str, Any]:
+    """A LoRA stage's first sync, which slime skips with --debug-rollout-only: a fresh adapter (B = 0) on the
+    smoke's model goes to the engine through the stage's own sync (versioned when the recipe says so), so the
+    rollout requests the adapter it would train. Returns the custom config with ``sync_dir`` moved here."""
+    import asyncio
+
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    from aclarena_slime.lora.config import LoraConfig
+    from aclarena_slime.lora.export import peft_adapter_config
+    from aclarena_slime.lora.sync import sync_adapter
+
+    lora = {**custom["aclarena_lora"], "sync_dir": str(sync_dir)}
+    config = LoraConfig.from_mapping(lora)
+    adapter_config = peft_adapter_config(config, str(model_dir))
+    model = peft.get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir), peft.LoraConfig(**{**adapter_config, "inference_mode": False})
+    )
+    tensors = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model).items()}
+    versioned = config.staleness_budget is not None
+    result = asyncio.run(
+        sync_adapter(
+            [engine_url], str(config.adapter_name), tensors, adapter_config, sync_dir=str(sync_dir),
+            version=0 if versioned else None, staleness_budget=config.staleness_budget or 0,
+        )
+    )  # fmt: skip
+    print(f"[smoke] adapter {result.served} served (the first sync slime skips in rollout-only mode)", file=sys.stderr)
+    return {**custom, "aclarena_lora": lora}
 
 
 def _leftovers(started: list[Any]) -> list[int]:

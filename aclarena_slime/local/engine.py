@@ -1,7 +1,8 @@
 """The embedded engine: SGLang's HTTP API (the subset our rollout and router use) over :class:`MultiLoraModel`.
 
 Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, ``return_logprob``,
-``lora_path``), ``POST /load_lora_adapter`` / ``/unload_lora_adapter``, ``GET /health``,
+``lora_path``), ``POST /load_lora_adapter`` (with an optional ``checksum`` of the folder, checked
+before the adapter is served; SGLang has no such field) / ``/unload_lora_adapter``, ``GET /health``,
 ``/health_generate``, ``/v1/models``, and OpenAI ``POST /v1/chat/completions`` (``model="<served>"`` is
 the base model, ``"<served>:<adapter>"`` an adapter) for user simulators and the router. Since the
 protocol is SGLang's, :mod:`aclarena_slime.rollout` and everything else run against it unchanged.
@@ -143,10 +144,12 @@ class LocalEngine:
 
     async def _load(self, request: web.Request) -> web.Response:
         payload = await _json_object(request)
-        name, path = payload.get("lora_name"), payload.get("lora_path")
+        name, path, checksum = payload.get("lora_name"), payload.get("lora_path"), payload.get("checksum")
         if not isinstance(name, str) or not isinstance(path, str):
             raise _invalid_body("load_lora_adapter needs lora_name and lora_path (strings)")
-        return await self._lora_update(self.model.load_adapter, name, path)
+        if checksum is not None and not isinstance(checksum, str):
+            raise _invalid_body("load_lora_adapter's checksum must be a string (adapter_swap.adapter_checksum)")
+        return await self._lora_update(self.model.load_adapter, name, path, checksum)
 
     async def _unload(self, request: web.Request) -> web.Response:
         payload = await _json_object(request)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from aclarena_slime.adapter_swap import AdapterSwapError, split_version, verify_checksum
 from aclarena_slime.experts import validate_adapter_name
 from aclarena_slime.local.config import EngineSettings
 from aclarena_slime.local.forward import BatchForward, KVCache, LoraBatch, LoraWeights, UnsupportedModel
@@ -200,9 +201,12 @@ class MultiLoraModel:
 
     # --- adapters -------------------------------------------------------------------------------------
 
-    def load_adapter(self, name: str, path: str | Path) -> None:
-        """Load a PEFT adapter directory under ``name``; a name already loaded must be unloaded first."""
-        validate_adapter_name(name)
+    def load_adapter(self, name: str, path: str | Path, checksum: str | None = None) -> None:
+        """Load a PEFT adapter directory under ``name`` (``search`` or a version, ``search@12``); a name
+        already loaded must be unloaded first. With ``checksum``, the files must match it
+        (:func:`~aclarena_slime.adapter_swap.adapter_checksum`) or nothing is served. The name becomes
+        servable only once the whole adapter is in memory: no request sees a half-loaded one."""
+        validate_adapter_name(split_version(name)[0])
         path = Path(path)
         if not (path / "adapter_config.json").is_file():
             raise GenerationError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
@@ -212,6 +216,11 @@ class MultiLoraModel:
             weights = LoraWeights.from_peft_dir(path, self.forward.linears)
         except UnsupportedModel as exc:
             raise GenerationError(str(exc)) from exc
+        if checksum is not None:  # after reading the weights: the files read are the files checked
+            try:
+                verify_checksum(path, checksum)
+            except AdapterSwapError as exc:
+                raise GenerationError(str(exc)) from exc
         with self._cond:
             if name in self.adapters or name in self._lora:
                 raise GenerationError(f"adapter {name!r} is already loaded; unload it first (SGLang's protocol)")

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aclarena_slime import parity
+from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.experts import ExpertTable
@@ -208,8 +210,30 @@ async def serve_policy(cfg: LocalStageConfig, stage: ServedStage, trainer: Polic
         trainer.sync_weights(stage.engine.model.base)
         return
     trainer.save(cfg.adapter_dir)
-    await stage.context.client().swap_adapter(cfg.expert_name, str(cfg.adapter_dir), loaded=loaded)
+    checksum = adapter_checksum(cfg.adapter_dir)  # the engine checks the files it reads against it
+    await swap_adapter(
+        [stage.context.client()],
+        cfg.expert_name,
+        cfg.adapter_dir,
+        checksum=checksum,
+        engine_verifies=True,
+        loaded=loaded,
+    )
     stage.context.experts = ExpertTable.from_mapping({tag: cfg.expert_name for tag in stage.context.env_configs})
+
+
+def check_parity(trainer: PolicyTrainer, batch: list[Any]) -> dict[str, float]:
+    """The stage's parity check: the engine's log-probs of the batch against the trainer's recompute; a gap
+    above :data:`~aclarena_slime.parity.LOCAL_TOLERANCE` stops the stage before the first update."""
+    report = parity.require(
+        parity.compare(
+            [s.rollout_log_probs for s in batch],
+            trainer.recompute_log_probs(batch),
+            [s.loss_mask for s in batch],
+            parity.LOCAL_TOLERANCE,
+        )
+    )
+    return {"parity_mean_abs": report.mean_abs, "parity_max_abs": report.max_abs}
 
 
 async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
@@ -240,12 +264,23 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
             t0 = time.monotonic()
             records = train[step * cfg.prompts_per_step : (step + 1) * cfg.prompts_per_step]
             samples = await rollout_step(stage.context, records, cfg, step, limit)
-            stats = await asyncio.to_thread(trainer.step, [to_train_sample(s) for s in samples if s.usable])
+            batch = [to_train_sample(s) for s in samples if s.usable]
+            # The parity check on the first batch with tokens to compare (step 0 unless it had none).
+            unchecked = not any("parity_mean_abs" in record for record in steps)
+            tokens = any(sum(s.loss_mask) for s in batch)
+            checked = await asyncio.to_thread(check_parity, trainer, batch) if unchecked and tokens else {}
+            stats = await asyncio.to_thread(trainer.step, batch)
             await serve_policy(cfg, stage, trainer, loaded=True)  # the real backend's sync: unload, then load
             if keep_on_disk:
                 trainer.save(cfg.policy_dir)
             steps.append(
-                {"step": step, **rollout_figures(samples), **stats, "seconds": round(time.monotonic() - t0, 3)}
+                {
+                    "step": step,
+                    **rollout_figures(samples),
+                    **stats,
+                    **checked,
+                    "seconds": round(time.monotonic() - t0, 3),
+                }
             )
             progress.update(
                 task,

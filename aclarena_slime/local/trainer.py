@@ -289,6 +289,18 @@ class PolicyTrainer:
             self.settings.max_grad_norm,
         )
 
+    @torch.no_grad()
+    def recompute_log_probs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """The policy's log-probs of each sample's response tokens, as the loss sees them (the parity check's
+        trainer side, :mod:`aclarena_slime.parity`)."""
+        out: list[list[float]] = []
+        size = self.settings.micro_batch_size
+        for start in range(0, len(samples), size):
+            batch = samples[start : start + size]
+            new = self._batch_log_probs(batch, [0.0] * len(batch))[0]
+            out += [new[i, : s.response_length].tolist() for i, s in enumerate(batch)]
+        return out
+
     def _measure(self, samples: Sequence[TrainSample], advantages: Sequence[float], n_tokens: int) -> dict[str, float]:
         """The pass-before-update figures of a step that trains nothing: log-prob mismatch (|current - rollout|,
         ~0 when the plumbing is right), entropy and KL to the starting policy, token means."""

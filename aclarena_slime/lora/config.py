@@ -76,6 +76,11 @@ class LoraConfig:
     # adapter-index order (each adapted layer stacks them; each sample selects its own). Each expert is
     # served, synced and exported under its tag. None: one adapter, ``adapter_name``.
     experts: list[str] | None = None
+    # None: one adapter name, replaced at each sync (slime's train.py). An integer: every sync loads a new
+    # version, <adapter_name>@<N>, beside the last ones; an episode keeps the version it started on for all
+    # its turns, and versions more than staleness_budget syncs old are unloaded once no request holds them
+    # (so staleness_budget + 1 versions stay resident). Needs sync_dir: the ledger of versions lives there.
+    staleness_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, str):
@@ -111,6 +116,12 @@ class LoraConfig:
                     raise LoraConfigError(f"lora experts: {exc}") from exc
         if self.pause_mode not in PAUSE_MODES:
             raise LoraConfigError(f"lora pause_mode must be one of {PAUSE_MODES}, got {self.pause_mode!r}")
+        if self.staleness_budget is not None and (
+            not isinstance(self.staleness_budget, int) or self.staleness_budget < 0
+        ):
+            raise LoraConfigError(
+                f"lora staleness_budget must be None or an integer >= 0, got {self.staleness_budget!r}"
+            )
         if self.sglang_payload not in PAYLOAD_SCHEMAS:
             raise LoraConfigError(f"lora sglang_payload must be one of {PAYLOAD_SCHEMAS}, got {self.sglang_payload!r}")
 
@@ -149,6 +160,8 @@ class LoraConfig:
         """Disk sync writes under ``sync_dir``: refuse to start a run that would fail at its first sync."""
         if self.sync_mode == "disk" and not self.sync_dir:
             raise LoraConfigError("lora sync_mode 'disk' needs sync_dir (a folder every SGLang server can read)")
+        if self.staleness_budget is not None and not self.sync_dir:
+            raise LoraConfigError("lora staleness_budget needs sync_dir (the ledger of adapter versions lives there)")
 
     @property
     def scaling(self) -> float:

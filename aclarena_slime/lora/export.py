@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from .config import LoraConfig
@@ -138,22 +138,31 @@ def _exchange(a: Path, b: Path) -> bool:
     return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+def peft_files(tensors: dict[str, torch.Tensor], adapter_config: dict) -> dict[str, bytes]:
+    """The bytes of a PEFT folder's two files: what :func:`write_peft_dir` writes, and what a sync's
+    checksum is taken of before the folder is read back (:func:`aclarena_slime.adapter_swap.files_checksum`)."""
+    import json
+
+    return {
+        "adapter_model.safetensors": save_safetensors({k: v.contiguous() for k, v in tensors.items()}),
+        "adapter_config.json": (json.dumps(adapter_config, indent=2, sort_keys=True) + "\n").encode(),
+    }
+
+
 def write_peft_dir(out_dir: str | os.PathLike, tensors: dict[str, torch.Tensor], adapter_config: dict) -> Path:
     """Write a PEFT directory so that ``out_dir`` always holds either the old or the new adapter, whole.
 
     Files go to a sibling temporary folder (fsynced), which then takes ``out_dir``'s place in one
     atomic swap; a crash before the swap leaves only a ``.tmp`` folder beside the good adapter.
     """
-    import json
-
     target = Path(out_dir).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(staging / "adapter_model.safetensors"))
-        (staging / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
-        for path in staging.iterdir():
-            with open(path, "rb") as handle:
+        for name, content in peft_files(tensors, adapter_config).items():
+            with open(staging / name, "wb") as handle:
+                handle.write(content)
+                handle.flush()
                 os.fsync(handle.fileno())
         if not target.exists():
             os.rename(staging, target)

@@ -1,11 +1,12 @@
-"""Adapter-only weight sync to SGLang servers: pause, unload, load the new adapter, resume.
+"""Adapter-only weight sync to SGLang servers, through :func:`aclarena_slime.adapter_swap.swap_adapter`.
 
-SGLang has no in-place LoRA update, so each RL step unloads the expert and loads it again under the
-same name (every load gets a fresh internal id, so no stale prefix-cache entry is reused). The
-adapter travels either as a PEFT directory (``/load_lora_adapter``; the default) or as tensors
+SGLang has no in-place LoRA update: each RL step either unloads the expert and loads it again under
+the same name inside a pause (every load gets a fresh internal id, so no stale prefix-cache entry is
+reused), or, versioned, loads ``name@N`` beside the versions still in use. The adapter travels either
+as a PEFT directory (``/load_lora_adapter``; the default) or as tensors
 (``/load_lora_adapter_from_tensors``).
 
-Disk mode writes ``<sync_dir>/<name>`` atomically before the load; ``sync_dir`` must be readable by every
+Disk mode writes ``<sync_dir>/<name>`` (versioned: ``<sync_dir>/<name>@N``) atomically before the load; ``sync_dir`` must be readable by every
 server (on several nodes, a shared filesystem), and the folder is also the stage's exported expert.
 
 Tensors mode, payload of ``/load_lora_adapter_from_tensors`` (sglang ``managers/io_struct.py``):
@@ -23,22 +24,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import logging
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401  registers torch's shared-memory reductions on ForkingPickler
 
+from aclarena_slime.adapter_swap import AdapterLedger, AdapterSwapError, files_checksum, swap_adapter, versioned_name
 from aclarena_slime.sglang_client import RetryPolicy, SGLangClient, SGLangError
 
-from .export import write_peft_dir
+from .export import peft_files, write_peft_dir
 
-logger = logging.getLogger(__name__)
 # Last release with the single-string ``serialized_tensors`` field.
 _LAST_STRING_PAYLOAD = (0, 5, 15)
 
@@ -55,6 +55,8 @@ class SyncResult:
     payload_bytes: int
     seconds: float
     schema: str
+    served: str = ""
+    checksum: str | None = None
 
 
 def serialize_tensors(tensors: dict[str, torch.Tensor]) -> str:
@@ -87,34 +89,11 @@ def tensors_payload(
     return body
 
 
-async def _post(client: SGLangClient, path: str, body: dict) -> Any:
-    """POST once; an HTTP error or ``success: false`` becomes :class:`AdapterSyncError`."""
-    try:
-        answer = await client.post(path, body)
-    except SGLangError as exc:
-        raise AdapterSyncError(str(exc)) from exc
-    if isinstance(answer, dict) and answer.get("success") is False:
-        raise AdapterSyncError(f"{client.base_url}{path} refused: {answer}")
-    return answer
-
-
 async def _server_info(client: SGLangClient) -> dict:
     try:
         return await client.get("/get_server_info")
     except SGLangError as exc:
         raise AdapterSyncError(str(exc)) from exc
-
-
-async def _swap_on(client: SGLangClient, name: str, endpoint: str, body: dict, pause_mode: str) -> None:
-    await _post(client, "/pause_generation", {"mode": pause_mode})
-    try:
-        try:
-            await _post(client, "/unload_lora_adapter", {"lora_name": name})
-        except AdapterSyncError as exc:  # first sync: nothing loaded under this name yet
-            logger.info("unload of %r skipped: %s", name, exc)
-        await _post(client, endpoint, body)
-    finally:
-        await _post(client, "/continue_generation", {})
 
 
 async def sync_adapter(
@@ -129,37 +108,61 @@ async def sync_adapter(
     pinned: bool = False,
     timeout_s: float = 600.0,
     pause_mode: str = "abort",
+    version: int | None = None,
+    staleness_budget: int = 0,
 ) -> SyncResult:
-    """Replace adapter ``name`` on every server with ``tensors`` (PEFT names, full unsharded tensors).
+    """Put ``tensors`` (PEFT names, full unsharded tensors) on every server as adapter ``name``.
 
-    ``pause_mode`` is sent to ``/pause_generation`` (see ``LoraConfig.pause_mode`` for the choice).
+    ``version=None``: replace ``name`` in place inside ``/pause_generation`` (``pause_mode``; see
+    ``LoraConfig.pause_mode``). ``version=N``: load ``name@N`` beside the resident versions, written to
+    ``<sync_dir>/name@N``, and unload those more than ``staleness_budget`` syncs old (see
+    :mod:`aclarena_slime.adapter_swap`). In disk mode the folder read back must match the checksum of
+    the bytes meant for it before any server loads it.
 
     One attempt per request (``RetryPolicy(attempts=1)``): a load is not idempotent across a half-done swap.
     """
     start = time.perf_counter()
     clients = [SGLangClient(url, RetryPolicy(attempts=1, timeout_s=timeout_s)) for url in urls]
-    bodies: list[tuple[str, dict]] = []
     payload_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    served = name if version is None else versioned_name(name, version)
+    ledger = AdapterLedger(sync_dir) if version is not None and sync_dir else None
+    if version is not None and ledger is None:
+        raise AdapterSyncError("a versioned sync needs sync_dir (the ledger rollouts read lives there)")
+    path: Path | None = None
+    load: tuple[str, list[dict]] | None = None
+    checksum: str | None = None
     if mode == "disk":
         if not sync_dir:
             raise AdapterSyncError("disk sync needs sync_dir")
-        path = write_peft_dir(Path(sync_dir) / name, tensors, config_dict)
-        body = {"lora_name": name, "lora_path": str(path), "pinned": pinned}
-        bodies = [("/load_lora_adapter", body)] * len(urls)
+        checksum = files_checksum(peft_files(tensors, config_dict))
+        path = write_peft_dir(Path(sync_dir) / served, tensors, config_dict)
         used = "peft_dir"
     else:
         infos = await asyncio.gather(*(_server_info(client) for client in clients))
         used = schema
+        bodies = []
         for info in infos:
             server_schema = schema if schema != "auto" else payload_schema_for(str(info.get("version", "")))
             used = server_schema
             tp_size = int(info.get("tp_size", 1) or 1)
-            body = tensors_payload(name, tensors, config_dict, server_schema, tp_size, pinned)
-            bodies.append(("/load_lora_adapter_from_tensors", body))
-    await asyncio.gather(
-        *(
-            _swap_on(client, name, endpoint, body, pause_mode)
-            for client, (endpoint, body) in zip(clients, bodies, strict=True)
+            bodies.append(tensors_payload(served, tensors, config_dict, server_schema, tp_size, pinned))
+        load = ("/load_lora_adapter_from_tensors", bodies)
+    try:
+        result = await swap_adapter(
+            clients,
+            name,
+            path,
+            version=version,
+            staleness_budget=staleness_budget,
+            ledger=ledger,
+            checksum=checksum,
+            pinned=pinned,
+            pause_mode=pause_mode,
+            load=load,
         )
-    )
-    return SyncResult(len(urls), payload_bytes, time.perf_counter() - start, used)
+    except AdapterSwapError as exc:
+        raise AdapterSyncError(str(exc)) from exc
+    if sync_dir and result.unloaded:
+        for old in result.unloaded:  # unloaded everywhere: its folder is no longer read
+            shutil.rmtree(Path(sync_dir) / old, ignore_errors=True)
+    return SyncResult(len(urls), payload_bytes, time.perf_counter() - start, used, result.served, checksum)

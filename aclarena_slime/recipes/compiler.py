@@ -126,6 +126,8 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         if cluster.colocate:
             raise RecipeError("cluster.rollout_num_gpus is for a disaggregated layout; set cluster.colocate=false")
         flags.add("rollout_num_gpus", cluster.rollout_num_gpus if engines else None, "cluster.rollout_num_gpus")
+    if cluster.train_async:
+        _check_async(recipe, engines)
     if engines:
         flags.add("colocate", cluster.colocate, "cluster.colocate")
         per_engine = cluster.rollout_num_gpus_per_engine
@@ -182,7 +184,7 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         custom_config=custom,
         custom_config_path=custom_path,
         runtime_env=runtime_env(recipe),
-        train_script=f"{recipe.paths.slime}/train.py",
+        train_script=f"{recipe.paths.slime}/{'train_async.py' if cluster.train_async else 'train.py'}",
         services=dict(recipe.services),
         eval_config=eval_config,
     )
@@ -271,6 +273,10 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     flags.add("custom_megatron_init_path", hook_path("lora_megatron_init"), "lora.enabled")
     flags.add("only_train_params_name_list", [ADAPTER_PARAM_PATTERN], "lora.enabled")
     flags.add("dist_ckpt_strictness", "log_unexpected", "lora.enabled")  # a backbone checkpoint has no adapter keys
+    if config.staleness_budget is not None and "--rollout-data-postprocess-path" not in flags.origins:
+        # Versioned adapters: check at the first train step that the engine served what the trainer holds
+        # (aclarena_slime/slime_edge/parity.py; it compares where slime made a separate recompute).
+        flags.add("rollout_data_postprocess_path", hook_path("parity"), "lora.staleness_budget")
     flags.add("--sglang-enable-lora", True, "lora.enabled")
     flags.add("--sglang-max-lora-rank", config.rank, "lora.rank")
     flags.add("--sglang-lora-target-modules", config.hf_target_modules(), "lora.target_modules")
@@ -305,6 +311,22 @@ def _check_parallel_experts(recipe: StageRecipe, config: LoraConfig, flags: _Fla
         raise RecipeError(
             f"cluster.sglang.max_loras_per_batch={per_batch}: {config.num_adapters} experts and the base need "
             f"{config.num_adapters + 1} slots in one batch"
+        )
+
+
+def _check_async(recipe: StageRecipe, engines: bool) -> None:
+    """What slime's train_async.py cannot run, refused before any GPU is taken (slime asserts the first)."""
+    if recipe.cluster.colocate:
+        raise RecipeError(
+            "cluster.train_async: slime's train_async.py refuses colocation (assert not args.colocate): "
+            "set cluster.colocate=false and cluster.rollout_num_gpus"
+        )
+    if not engines or recipe.kind == "sft":
+        raise RecipeError("cluster.train_async overlaps rollout with training: an SFT stage has no rollout to overlap")
+    if recipe.lora.enabled and recipe.lora.staleness_budget is None:
+        raise RecipeError(
+            "cluster.train_async with lora.enabled needs lora.staleness_budget (e.g. 1): the rollout then runs on "
+            "versioned adapters (name@N), so an episode keeps the version it started on while the next sync lands"
         )
 
 

@@ -60,6 +60,9 @@ class ClusterConfig:
     num_gpus_per_node: int = 8
     rollout_num_gpus: int | None = None  # None: colocated with the actor
     colocate: bool = True
+    # Run slime's train_async.py: the next rollout overlaps this step's training (one step off-policy).
+    # Slime refuses colocation there; a LoRA stage needs lora.staleness_budget (versioned adapters).
+    train_async: bool = False
     rollout_num_gpus_per_engine: int = 8
     perf: dict[str, Any] = field(default_factory=dict)  # parallelism / memory flags
     sglang: dict[str, Any] = field(default_factory=dict)  # --sglang-<key> flags

@@ -19,8 +19,10 @@ from typing import Any
 
 import aiohttp
 
+from aclarena_slime.adapter_swap import AdapterSwapError, load_adapters
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.router.http1 import UpstreamPool
+from aclarena_slime.sglang_client import RetryPolicy, SGLangClient
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +156,14 @@ class EnginePool:
                     log.error("engine %s: cannot load adapter %s: %s", engine.url, name, error)
 
     async def _load(self, engine: Engine, name: str, path: str) -> str | None:
+        """Load through the one adapter mechanism (:mod:`aclarena_slime.adapter_swap`); the error, or None."""
         assert self.session is not None
-        payload = {"lora_name": name, "lora_path": path, "pinned": False}
+        client = SGLangClient(engine.url, RetryPolicy(attempts=1, timeout_s=self.load_timeout_s), session=self.session)
         try:
-            timeout = aiohttp.ClientTimeout(total=self.load_timeout_s)
-            async with self.session.post(f"{engine.url}/load_lora_adapter", json=payload, timeout=timeout) as resp:
-                body = await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if resp.status == 200 or "already loaded" in body:  # a router restart finds engines still loaded
-            return None
-        return f"load_lora_adapter answered {resp.status}: {body[:500]}"
+            await load_adapters([client], {name: path})  # an engine still holding it (router restart) is fine
+        except AdapterSwapError as exc:
+            return str(exc)
+        return None
 
     def pick(self, needs: set[str], exclude: Collection[str] = ()) -> Engine:
         """The least busy healthy engine holding ``needs``; :class:`NoEngine` says why there is none."""

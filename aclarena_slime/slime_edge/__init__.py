@@ -136,6 +136,13 @@ HOOKS: tuple[Hook, ...] = (
             ),
         ),  # fmt: skip
     ),
+    Hook(
+        "parity",
+        "--rollout-data-postprocess-path",
+        f"{_EDGE}.parity.check_first_batch",
+        None,  # no default: slime/backends/megatron_utils/actor.py calls it when the flag is set
+        ((("args", "rollout_id", "rollout_data"), ()),),
+    ),
 )
 
 _BY_NAME = {hook.name: hook for hook in HOOKS}

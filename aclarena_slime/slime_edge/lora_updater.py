@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aclarena_slime.adapter_swap import AdapterLedger
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.lora.export import AttentionShape, gather_adapter, peft_adapter_config, to_peft_state_dict
 from aclarena_slime.lora.layers import select_expert
@@ -59,6 +60,15 @@ class LoraWeightUpdater:
         out, self.metrics = self.metrics, {}
         return out
 
+    def next_version(self, name: str) -> int | None:
+        """With ``staleness_budget`` set, the version this sync of adapter ``name`` loads: one past the
+        ledger's (a resumed run goes on counting), 0 at the first sync; None: one name, replaced in place."""
+        if self.config.staleness_budget is None:
+            return None
+        assert self.config.sync_dir is not None  # LoraConfig.require_sync_dir
+        current = AdapterLedger(self.config.sync_dir).current(name)
+        return 0 if current is None else current.version + 1
+
     async def _sync(self, urls: list[str], name: str, tensors: dict[str, torch.Tensor]) -> SyncResult:
         """One expert's sync on a fresh event loop (its clients open and close their own HTTP sessions)."""
         return await sync_adapter(
@@ -70,6 +80,8 @@ class LoraWeightUpdater:
             sync_dir=self.config.sync_dir,
             schema=self.config.sglang_payload,
             pause_mode=self.config.pause_mode,
+            version=self.next_version(name),
+            staleness_budget=self.config.staleness_budget or 0,
         )
 
     @torch.no_grad()

@@ -5,7 +5,8 @@ What they read from ``args``: ``sglang_router_ip`` / ``sglang_router_port`` (the
 ``rollout_max_context_len`` / ``eval_max_context_len``, ``reward_key``, the group-normalization flags,
 and from the custom config ``aclarena_env_config`` ({tag: env settings}), ``aclarena_experts`` (an
 ``experts.json`` path or {tag: adapter}: requests carry ``lora_path`` = the expert of the sample's env),
-``aclarena_response_budget`` and ``aclarena_filters``.
+``aclarena_response_budget``, ``aclarena_filters``, and ``aclarena_lora`` (with ``staleness_budget`` set, each
+episode is pinned to the adapter version current when it starts, read from the ledger in ``sync_dir``).
 
 **One rollout context per process.** Slime loads the generate function by dotted path at every call
 and runs every call on one event loop, a daemon thread it starts once per process
@@ -29,7 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from aclarena_slime import group_rewards
+from aclarena_slime.adapter_swap import AdapterLedger
 from aclarena_slime.experts import ExpertTable
+from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.rollout import Budgets, RolloutContext, env_tag, load_chat_tokens, run_sample, score_sample
 from aclarena_slime.slime_edge import custom
 
@@ -62,7 +65,20 @@ def build_context(args: Any) -> RolloutContext:
         ),
         env_configs=dict(getattr(args, "aclarena_env_config", None) or {}),
         experts=table,
+        ledger=_ledger(args),
     )
+
+
+def _ledger(args: Any) -> AdapterLedger | None:
+    """With versioned adapters (``lora.staleness_budget``), the ledger the trainer's syncs write: each episode
+    is pinned to the version current when it starts."""
+    if not getattr(args, "aclarena_lora", None):
+        return None
+    config = LoraConfig.from_args(args)
+    if config.staleness_budget is None:
+        return None
+    config.require_sync_dir()
+    return AdapterLedger(str(config.sync_dir))
 
 
 async def rollout_context(args: Any) -> RolloutContext:

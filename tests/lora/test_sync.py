@@ -184,3 +184,47 @@ async def test_fake_engine_validates_pause_bodies_like_sglang(body, status, mode
             assert answer.status == 422
     assert engine.pause_modes == ([mode] if mode else [])
     assert engine.paused == (mode is not None)
+
+
+async def test_versioned_sync_loads_beside_and_retires_past_the_budget(tmp_path):
+    """name@N is loaded next to the versions in use (no pause: no request loses its adapter), the ledger
+    names it, and the version past the budget is unloaded and its folder removed."""
+    from aclarena_slime.adapter_swap import AdapterLedger
+
+    fake = FakeSGLang("0.5.15")
+    async with fake as url:
+        for version in range(3):
+            result = await sync_adapter(
+                [url], "retail", TENSORS, CONFIG, sync_dir=str(tmp_path), version=version, staleness_budget=1
+            )
+    assert result.served == "retail@2" and result.checksum
+    assert fake.calls == ["load_lora_adapter"] * 3 + ["unload_lora_adapter"]
+    assert fake.bodies["unload_lora_adapter"] == {"lora_name": "retail@0"}
+    assert sorted(fake.adapters) == ["retail@1", "retail@2"]
+    assert AdapterLedger(tmp_path).read()["retail"] == {"current": 2, "resident": [1, 2], "checksum": result.checksum}
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "retail@1",
+        "retail@2",
+        "versions.json",
+    ]
+
+
+async def test_a_folder_that_does_not_match_its_checksum_is_never_loaded(tmp_path, monkeypatch):
+    """The sync path reads back what it wrote (what every server will read) before any load."""
+    from aclarena_slime.lora import sync
+
+    write = sync.write_peft_dir
+
+    def torn_write(out_dir, tensors, config):
+        path = write(out_dir, tensors, config)
+        with open(path / "adapter_model.safetensors", "r+b") as handle:
+            handle.seek(-1, 2)
+            handle.write(b"\x7f")
+        return path
+
+    monkeypatch.setattr(sync, "write_peft_dir", torn_write)
+    fake = FakeSGLang("0.5.15")
+    async with fake as url:
+        with pytest.raises(AdapterSyncError, match="checksum"):
+            await sync_adapter([url], "math", TENSORS, CONFIG, sync_dir=str(tmp_path), version=0)
+    assert fake.calls == []

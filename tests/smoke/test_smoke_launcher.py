@@ -55,7 +55,9 @@ def test_math_recipe_is_shrunk_to_a_rollout_only_run_and_says_what_it_turned_off
     assert values(argv, "--hf-checkpoint") == [str(tmp_path / "model")]
     # Our hooks stay exactly as the recipe sets them: they are what the smoke is for.
     assert values(argv, "--custom-generate-function-path") == ["aclarena_slime.slime_edge.rollout.generate"]
-    assert values(argv, "--custom-reward-post-process-path") == ["aclarena_slime.slime_edge.rollout.reward_post_process"]
+    assert values(argv, "--custom-reward-post-process-path") == [
+        "aclarena_slime.slime_edge.rollout.reward_post_process"
+    ]
     assert any("dynamic sampling off" in n for n in notes) and any("KL" in n for n in notes)
     assert len(argv) == len(set(a for a in argv if a.startswith("--"))) + sum(1 for a in argv if not a.startswith("--"))
 
@@ -176,3 +178,13 @@ def test_the_job_stays_on_the_loopback_head_whatever_the_cluster_profile_says():
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     assert env["no_proxy"] == env["NO_PROXY"] == "localhost,127.0.0.1"
     assert env["MUSA_PATCH_PATH"] and str(REPO) in env["PYTHONPATH"].split(":")
+
+
+def test_an_llm_service_is_answered_by_the_smokes_engine_under_its_served_name(tmp_path):
+    """The retail user simulator is an SGLang server of a model a CPU does not have: the smoke's local
+    engine (same OpenAI API) takes its place under the name the env asks for; the retriever still runs."""
+    recipe = load_recipe(REPO / "recipes" / "stage3_retail.yaml", [f"paths.root={tmp_path}"])
+    assert smoke.served_llm(recipe.services["user_sim"]) == "user_sim"
+    assert recipe.env_config["retail"]["user"]["model"] == "user_sim"
+    search = load_recipe(REPO / "recipes" / "stage2_search.yaml", [f"paths.root={tmp_path}"])
+    assert smoke.served_llm(search.services["retriever"]) is None

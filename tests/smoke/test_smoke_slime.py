@@ -93,6 +93,17 @@ def test_search_stage_with_its_retriever(tmp_path):
         assert "/retrieve" in retriever_log
 
 
+def test_async_lora_stage_pins_episodes_to_the_served_version(tmp_path):
+    """The versioned-adapter recipe in slime's rollout: the first sync serves retail@0 (the smoke does it,
+    as slime skips syncs in rollout-only mode), and every sample records the version it ran on."""
+    done, report = run_smoke("recipes/mle_retail_async.yaml", tmp_path / "async")
+    check_report(done, report)
+    assert "adapter retail@0 served" in done.stderr
+    dumps = check_dumped(tmp_path / "async", "retail", with_eval=False)
+    for sample in dumps["train"]:
+        assert sample["metadata"]["aclarena"]["adapter"] == {"name": "retail@0", "version": 0, "staleness": 0}
+
+
 @pytest.mark.parametrize("bootstrap", [False, True])
 def test_slimes_train_actor_device_lookup_needs_the_bootstrap_on_a_cpu(bootstrap):
     """What slime's TrainRayActor.__init__ does: without a device it raises; the bootstrap gives a do-nothing one."""
