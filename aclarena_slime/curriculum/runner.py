@@ -164,12 +164,11 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
             raise CurriculumFailed(f"stage {entry.name} starts from {source_name}, which has not finished")
         recipe = stage_recipe(config, file, entry, source)
         before = config.stages[: config.stages.index(entry)]
-        local = runs_local(recipe)
-        # the earlier stages' recipes lend their envs (and services) to replay and to slime's monitor eval
-        needs_earlier = config.replay.enabled or (config.monitor.enabled and not local)
+        # the earlier stages' recipes lend their envs (and services) to replay and to the monitor's checks
+        needs_earlier = config.replay.enabled or config.monitor.enabled
         earlier = [stage_recipe(config, file, e, None) for e in before] if needs_earlier else []
         attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before],
-                       local, earlier)  # fmt: skip
+                       earlier)  # fmt: skip
         if config.replay.enabled:
             attach_replay(recipe, config.replay, earlier)
         resumed = latest_iteration(adapter_checkpoint_root(recipe.checkpoint.save)) if recipe.lora.enabled else None

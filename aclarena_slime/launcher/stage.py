@@ -141,10 +141,27 @@ def _run_slime(recipe: StageRecipe) -> StageResult:
         ray_job.require_gpus(ray, ray_job.gpus_needed(recipe.cluster, engines))
         status = ray_job.submit(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
     result = StageResult(status, "slime", checkpoint=recipe.checkpoint.save, hf_checkpoint=recipe.checkpoint.save_hf)
+    read_monitor_report(result, command.custom_config.get("aclarena_monitor"))
     lora = command.custom_config.get("aclarena_lora")
     if lora is not None:
         _check_adapter(result, lora)
     return result
+
+
+def read_monitor_report(result: StageResult, section: dict[str, Any] | None) -> None:
+    """The forgetting monitor's report (its eval-log hook writes it at every check) into the stage's metrics;
+    a stage its ``stop`` ended (the hook raised, so the job failed) finished as the recipe asked."""
+    from aclarena_slime.evaluation.monitor import REPORT_FILE
+
+    path = Path(section["out_dir"], REPORT_FILE) if section else None
+    if path is None or not path.is_file():
+        return
+    report = json.loads(path.read_text())
+    result.metrics["monitor"] = report
+    if report.get("stopped") and result.status != 0:
+        result.status = 0
+        alarms = "; ".join(f"{a['domain']} fell {a['drop']} points by rollout {a['step']}" for a in report["alarms"])
+        result.message = f"stopped by the forgetting monitor ({alarms}); report: {path}"
 
 
 def _check_adapter(result: StageResult, lora: dict[str, Any]) -> None:

@@ -123,8 +123,8 @@ class LocalStageConfig:
     torch_threads: int | None = None  # None: torch's default; 1 is fastest for the tiny model
     served_name: str = "local"  # OpenAI model name of the base; "<served_name>:<adapter>" for an adapter
     progress: bool = True
-    # The forgetting monitor (aclarena_slime.evaluation.monitor): MonitorSettings fields plus ``domains``,
-    # the earlier env tags; the curriculum fills it. Empty: no monitor.
+    # The forgetting monitor (aclarena_slime.evaluation.monitor): the recipe's monitor section, MonitorSettings
+    # fields (``domains``: the earlier env tags); the curriculum fills it. Empty: no monitor.
     monitor: Mapping[str, Any] = field(default_factory=dict)
     # The replay baseline (aclarena_slime.local.records.replay_mixture): ReplaySettings fields plus ``domains`` and their
     # ``env_config``; the curriculum fills it. Empty: the stage's own records only.

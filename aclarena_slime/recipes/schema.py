@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from aclarena_slime.evaluation.monitor import MonitorSettings
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.slime_edge import path as hook_path
 from aclarena_slime.slime_edge.custom import CustomConfig
@@ -212,6 +213,9 @@ class StageRecipe:
     experts: dict[str, str] = field(default_factory=dict)  # env tag -> adapter, for aclarena_experts
     extra: dict[str, Any] = field(default_factory=dict)  # stage-specific flags (SDFT's SFT loss, OPD)
     custom: CustomConfig = field(default_factory=CustomConfig)  # typed aclarena_* sections of the custom config
+    # The forgetting monitor over the earlier domains (the curriculum writes it). Both backends run it: the
+    # local runner checks them itself; slime runs them as its --eval-config, the alarm in its eval-log hook.
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)
     notes: str = ""  # why this stage exists; printed by --dry-run
 
     @property

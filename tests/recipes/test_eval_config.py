@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from aclarena_slime.cli import main
-from aclarena_slime.evaluation import load_suite, parse_suite, slime_eval_config
-from aclarena_slime.evaluation.slime_config import SLIME_DATASET_KEYS
+from aclarena_slime.evaluation import load_suite, parse_suite
+from aclarena_slime.recipes.eval_config import SLIME_DATASET_KEYS, slime_eval_config
 from aclarena_slime.slime_edge import path as hook_path
 
 PAPER = Path(__file__).resolve().parents[2] / "recipes" / "eval" / "paper.yaml"
