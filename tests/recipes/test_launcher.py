@@ -188,7 +188,7 @@ def _fake_slime_job(monkeypatch, write_adapter: bool) -> list[list[str]]:
     monkeypatch.setattr(ray_job, "require_gpus", lambda ray, want: want)  # every node joined
     monkeypatch.setattr(ray_job, "submit", submit)
     # the SDFT iteration's HF export exists (tests/launcher/test_cluster_lineage.py makes and checks one)
-    monkeypatch.setattr("aclarena_slime.launcher.stage.ensure_export", lambda recipe: None)
+    monkeypatch.setattr("aclarena_slime.launcher.hf_export.ensure_export", lambda recipe: None)
     return submitted
 
 

@@ -19,7 +19,7 @@ MATH = str(REPO / "recipes/stage1_math.yaml")
 def stage_sh_local(recipe: str, *overrides: str):
     """What ``launch/stage.sh RECIPE OVERRIDES`` builds on a machine where the local backend is chosen."""
     items = normalise_overrides(list(overrides))
-    return local_config(local_profile(recipe, items, load_recipe(recipe, items)))
+    return local_config(load_recipe(recipe, items, local_profile(items)))
 
 
 def test_command_line_overrides_reach_the_local_stage(tmp_path: Path, monkeypatch):
