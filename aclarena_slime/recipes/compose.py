@@ -104,6 +104,7 @@ def load_recipe(
 def to_recipe(composed: DictConfig, source: str = "<recipe>") -> StageRecipe:
     try:
         schema = OmegaConf.structured(StageRecipe)
+        OmegaConf.set_readonly(schema.cluster.local, False)  # a frozen dataclass: frozen once built, not before
         merged = OmegaConf.merge(schema, composed)
         _resolve_addresses(merged, source)
         OmegaConf.resolve(merged)

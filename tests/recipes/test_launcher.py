@@ -75,7 +75,7 @@ def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
     assert cfg.env_config["max_turns"] == 5  # the recipe's env settings, under the local profile's (topk: 1)
     assert cfg.env_config["topk"] == 1
     assert cfg.output_dir == str(tmp_path / "runs" / "mle_search" / "local")
-    with pytest.raises(RecipeError, match="unknown cluster.local settings"):
+    with pytest.raises(RecipeError, match="Key 'stepz' not in 'LocalBackendSettings'"):
         local_config(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
     with pytest.raises(RecipeError, match="RL stages and SFT warm starts"):
         local_config(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))
