@@ -175,6 +175,8 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
                 f"{lora['adapter_name']!r} for that env"
             )
         experts[recipe.data.env] = lora["adapter_name"]
+        for tag in recipe.monitor.domains if recipe.monitor.active else ():
+            experts.setdefault(tag, lora["adapter_name"])  # the policy being trained answers the watched domains
     custom.update(recipe.custom.to_custom_config())
     if monitor is not None:
         custom["aclarena_monitor"] = monitor[1]

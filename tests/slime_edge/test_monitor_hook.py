@@ -67,6 +67,8 @@ def test_the_compiled_stage_routes_slimes_eval_results_to_the_alarm(tmp_path: Pa
     lora = command.custom_config["aclarena_lora"]
     assert section["policy_dir"] == f"{lora['sync_dir']}/{lora['adapter_name']}"  # what the disk sync rewrites
     assert section["datasets"] == {"gsm": "math"} and section["action"] == "keep"
+    # the adapter being trained answers the watched domain's eval, as on the local backend
+    assert command.custom_config["aclarena_experts"] == {"search": lora["adapter_name"], "math": lora["adapter_name"]}
 
 
 @pytest.mark.slow  # a few real PEFT adapters on the tiny model
