@@ -4,7 +4,7 @@ The graph is read statically (ast), with every import counted wherever it stands
 inside a function (a lazy import is still a dependency) or under ``TYPE_CHECKING``. An edge goes
 to the module imported, or to the package when a name comes from its ``__init__``. The layer order
 below is the design's (docs/ and the design notes): formats and clients at the bottom, the env
-contract, the shared rollout, the slime edge and recipes, then evaluation, the two backends' runner
+contract, the shared rollout, evaluation, the slime edge and recipes, the two backends' runner
 and dispatcher, the curriculum (it runs stages through the launcher, and imports no backend) and
 the CLI on top.
 """
@@ -36,8 +36,8 @@ LAYERS: list[set[str]] = [
     {"plugin"},  # the env contract, registry and conformance kit
     {"agent_loop", "rollout", "group_rewards", "parity"},  # the one shared rollout; engine vs trainer log-probs
     {"lora", "router", "distill"},
-    {"slime_edge"},  # every function slime loads by dotted path
     {"evaluation", "analysis"},  # suites, the runner, the forgetting monitor; tables and plots
+    {"slime_edge"},  # every function slime loads by dotted path (the monitor's eval hook among them)
     {"recipes"},  # the stage spec, its compiler (which writes the eval suite as --eval-config) and lineage
     {"local"},  # the local backend
     {"launcher", "testing"},  # picks a backend and runs a stage on it; the pytest plugin and slime-side doubles

@@ -213,7 +213,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def slime_config_command(args: argparse.Namespace) -> int:
-    from aclarena_slime.evaluation import SuiteError, load_suite, write_slime_eval_config
+    from aclarena_slime.evaluation import SuiteError, load_suite
+    from aclarena_slime.recipes.eval_config import write_slime_eval_config
 
     try:
         suite = load_suite(args.suite, _pairs(args.service, "--service")).require_services()

@@ -75,7 +75,7 @@ def run_stage_command(args: argparse.Namespace) -> int:
 
     try:
         overrides = normalise_overrides(list(args.overrides))
-        recipe = local_profile(args.recipe, overrides, load_recipe(args.recipe, overrides))
+        recipe = load_recipe(args.recipe, overrides, local_profile(overrides, always=True))
         out = run_local(recipe)
     except (RecipeError, LocalStageError, RecordError, UnknownEnvironment, PluginLoadError) as exc:
         raise CommandError(str(exc)) from exc

@@ -30,7 +30,7 @@ from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
 from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.sections import anchor_overrides, attach_monitor, attach_replay, lineage_overrides
-from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend, runs_local
+from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.hf_export import ExportError
 from aclarena_slime.launcher.ray_job import RayError, slime_head
 from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
@@ -97,14 +97,14 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
         *distill_overrides(config.output_dir, entry.name, entry.distill),
         f"name={entry.name}",
     ]
-    recipe = load_recipe(path, overrides)
+    recipe = load_recipe(path, overrides, local_profile(overrides))
     handed = f"model.hf_checkpoint={(source or {}).get('hf_checkpoint')}"
     if recipe.checkpoint.ckpt_step is not None and handed in overrides:
         # An earlier iteration than the source's last: the source's HF export is not its weights; the recipe
         # names the export of its own iteration (e.g. the MLE experts on an early SDFT checkpoint).
         overrides.remove(handed)
-        recipe = load_recipe(path, overrides)
-    return local_profile(str(path), overrides, recipe) if runs_local(recipe) else recipe
+        recipe = load_recipe(path, overrides, local_profile(overrides))
+    return recipe
 
 
 def slime_recipes(recipes: list[StageRecipe]) -> list[StageRecipe]:
@@ -164,12 +164,11 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
             raise CurriculumFailed(f"stage {entry.name} starts from {source_name}, which has not finished")
         recipe = stage_recipe(config, file, entry, source)
         before = config.stages[: config.stages.index(entry)]
-        local = runs_local(recipe)
-        # the earlier stages' recipes lend their envs (and services) to replay and to slime's monitor eval
-        needs_earlier = config.replay.enabled or (config.monitor.enabled and not local)
+        # the earlier stages' recipes lend their envs (and services) to replay and to the monitor's checks
+        needs_earlier = config.replay.enabled or config.monitor.enabled
         earlier = [stage_recipe(config, file, e, None) for e in before] if needs_earlier else []
         attach_monitor(recipe, config.monitor, [(manifest.stage(e.name) or {}).get("env") or "" for e in before],
-                       local, earlier)  # fmt: skip
+                       earlier)  # fmt: skip
         if config.replay.enabled:
             attach_replay(recipe, config.replay, earlier)
         resumed = latest_iteration(adapter_checkpoint_root(recipe.checkpoint.save)) if recipe.lora.enabled else None

@@ -9,8 +9,9 @@ and runs them (or refuses them, naming the setting). Nothing here imports a back
 - replay: ``custom.aclarena_replay`` and the balanced data source; the earlier stages' env settings and
   services join the stage's, so the multi-env rollout can run every replayed prompt. The local backend
   mixes the earlier envs' records into its own with the same balancer and weights.
-- monitor: the earlier domains checked while the stage trains. The local backend runs the check itself
-  (``cluster.local.monitor``); slime runs the datasets as its ``--eval-config``.
+- monitor: the recipe's ``monitor`` section, the earlier domains checked while the stage trains. The local
+  backend runs the check itself; slime runs the datasets as its ``--eval-config`` and the alarm in its
+  eval-log hook (:mod:`aclarena_slime.slime_edge.monitor`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from aclarena_slime.curriculum.config import KlAnchorSettings
 from aclarena_slime.distill.balanced_source import ReplaySettings
-from aclarena_slime.evaluation.monitor import MonitorSettings, monitor_suite
-from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError
+from aclarena_slime.evaluation.monitor import MonitorSettings
 from aclarena_slime.slime_edge import path as hook_path
 
 DATA_SOURCE = hook_path("balanced_data_source")
@@ -79,40 +78,16 @@ def adopt_envs(recipe: Any, earlier: Sequence[Any]) -> None:
             recipe.services.setdefault(name, service)
 
 
-def attach_monitor(
-    recipe: Any, settings: MonitorSettings, domains: list[str], local: bool, earlier: Sequence[Any] = ()
-) -> Any:
-    """Give a stage recipe its monitor over ``domains`` (the earlier env tags); returns the recipe.
+def attach_monitor(recipe: Any, settings: MonitorSettings, domains: list[str], earlier: Sequence[Any] = ()) -> Any:
+    """Give a stage recipe its ``monitor`` section over ``domains`` (the earlier env tags); returns the recipe.
 
-    ``local`` (the stage runs on the local backend, :func:`aclarena_slime.launcher.backend.runs_local`):
-    ``cluster.local.monitor``, run by the local runner. Slime: an ``--eval-config`` beside the stage's
-    outputs holding the stage's own eval datasets and the earlier domains', run every ``interval``
-    rollouts; the ``earlier`` stage recipes lend their env settings and services, so slime's eval can run
-    their envs.
+    Each backend runs the section (the local runner checks the domains itself; the slime compiler writes
+    them into ``--eval-config`` with the alarm's hook). The ``earlier`` stage recipes lend their env settings
+    and services, so the stage can run their envs.
     """
     domains = [d for d in dict.fromkeys(domains) if d and d != recipe.data.env]
     if not settings.enabled or not domains:
         return recipe
-    if local:
-        recipe.cluster.local["monitor"] = {**settings.to_dict(), "domains": domains}
-        return recipe
-    import yaml
-
-    from aclarena_slime.evaluation.slime_config import slime_eval_config
-
-    own = tuple(
-        EvalDataset(name=name, env=recipe.data.env, path=path, max_response_len=recipe.rollout.rollout_max_response_len)
-        for name, path in recipe.data.eval_prompt_data.items()
-    )
-    if not settings.suite:
-        raise SuiteError("monitor.suite is required on the slime backend: its eval config reads data files")
-    watched = monitor_suite(settings, domains, slime=True)
+    recipe.monitor = dataclasses.replace(settings, domains=domains)
     adopt_envs(recipe, [r for r in earlier if r.data.env in domains])
-    config = slime_eval_config(EvalSuite("monitor", own + watched.datasets), recipe.paths.data)
-    path = Path(recipe.run_dir) / "monitor_eval_config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    recipe.data.eval_prompt_data = {}  # slime reads --eval-config instead; the stage's own sets are in it
-    recipe.extra["eval_config"] = str(path)
-    recipe.extra["eval_interval"] = settings.interval
     return recipe

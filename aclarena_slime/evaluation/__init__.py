@@ -1,4 +1,4 @@
-"""Evaluation: suites from YAML, a runner over any SGLang-speaking endpoint, slime's eval config.
+"""Evaluation: suites from YAML, a runner over any SGLang-speaking endpoint, the forgetting monitor.
 
 The names below load their module on first use, so a caller of one part (the suite format, the monitor)
 does not import the runner and its HTTP stack.
@@ -19,8 +19,6 @@ _EXPORTS = {
     "RunSettings": "runner",
     "load_experts": "runner",
     "run_suite": "runner",
-    "slime_eval_config": "slime_config",
-    "write_slime_eval_config": "slime_config",
 }
 __all__ = sorted(_EXPORTS)
 

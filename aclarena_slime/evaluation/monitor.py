@@ -1,21 +1,29 @@
-"""The forgetting monitor: its settings, its alarm, and the check that runs inside a local stage.
+"""The forgetting monitor: its settings (the recipe's ``monitor:`` section), its alarm, and the local check.
 
-While stage k trains, every ``interval`` rollouts, every earlier domain is evaluated. The first score of a
-domain in the stage is its baseline (the policy the stage started from); a domain whose score falls more
-than ``max_drop`` points below that baseline raises an alarm, once per domain. ``action`` says what the
-stage does then: ``warn`` (log and metrics only), ``keep`` (also keep the policy of the last check before
-the fall) or ``stop`` (end the stage there).
+While stage k trains, every ``interval`` rollouts, every earlier domain (``domains``) is evaluated. The
+first score of a domain in the stage is its baseline (the policy the stage started from); a domain whose
+score falls more than ``max_drop`` points below that baseline raises an alarm, once per domain.
+``action`` says what the stage does then: ``warn`` (log and metrics only), ``keep`` (also keep the policy
+of the last check before the fall) or ``stop`` (end the stage there).
 
-:class:`ForgettingMonitor` is the alarm (plain logic, no I/O). :class:`StageMonitor` runs the earlier
-domains' datasets through the evaluation runner (:func:`~aclarena_slime.evaluation.runner.run_suite`)
-against a served engine, every request served by the adapter being trained; the local backend's runner
-drives it. On slime, :func:`monitor_suite` gives the datasets the curriculum compiles into the stage's
-``--eval-config`` (slime runs them every ``--eval-interval`` rollouts; the alarm runs on the local backend
-only). The curriculum writes the section (:func:`aclarena_slime.curriculum.sections.attach_monitor`).
+Beside the scores, ``kl`` records the predictor RL's Razor reports (Shenfeld et al. 2025: forgetting
+tracks the KL divergence of the fine-tuned policy from the one it started from, measured on the earlier
+tasks' inputs): per earlier domain, the mean per-token KL(current || the stage's starting policy) on the
+responses the current policy gave to that domain's prompts. It needs no reward and moves before the
+scores do, so it is the cheap early signal; the alarm itself stays on the scores.
+
+:class:`ForgettingMonitor` is the alarm (plain logic, no I/O). Both backends drive it:
+- local: :class:`StageMonitor` runs the earlier domains' datasets through the evaluation runner
+  (:func:`~aclarena_slime.evaluation.runner.run_suite`) against the stage's engine, every request served by
+  the policy being trained, and computes the KL exactly (over the vocabulary) with both policies in process;
+- slime: the compiler writes :func:`monitor_suite`'s datasets into the stage's ``--eval-config`` and the
+  hook :mod:`aclarena_slime.slime_edge.monitor` feeds slime's eval results to the same alarm.
+The curriculum writes the section (:func:`aclarena_slime.curriculum.sections.attach_monitor`).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -28,6 +36,8 @@ from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError, 
 
 ACTIONS = ("warn", "keep", "stop")
 KEPT_DIR = "kept_adapter"  # the policy of the last check before a fall (action "keep")
+REFERENCE_DIR = "reference_policy"  # the stage's starting policy, the KL's reference (local backend)
+REPORT_FILE = "monitor.json"  # the curves, alarms and verdict, rewritten at every check
 
 
 class MonitorError(ValueError):
@@ -36,9 +46,10 @@ class MonitorError(ValueError):
 
 @dataclass
 class MonitorSettings:
-    """The ``monitor:`` section of a curriculum (copied into each stage that has earlier domains)."""
+    """The ``monitor:`` section of a curriculum, and of a stage recipe (the curriculum fills ``domains``)."""
 
     enabled: bool = False
+    domains: list[str] = field(default_factory=list)  # the earlier env tags checked (a stage's; empty: none)
     interval: int = 1  # rollouts between two checks (slime: --eval-interval)
     max_drop: float = 5.0  # accuracy points below the stage's starting score that raise the alarm
     action: str = "warn"  # warn | keep | stop
@@ -51,6 +62,7 @@ class MonitorSettings:
     # env tag -> settings merged over each checked dataset's env settings; ``{local_engine}`` and
     # ``{local_model}`` name the stage's engine (e.g. a user simulator served by it)
     env_config: dict[str, Any] = field(default_factory=dict)
+    kl: bool = True  # also record the KL to the stage's starting policy on the earlier domains (RL's Razor)
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
@@ -61,6 +73,13 @@ class MonitorSettings:
             raise MonitorError(f"monitor.action must be one of {', '.join(ACTIONS)}, got {self.action!r}")
         if self.demo_size < 1 or self.max_response_len < 1:
             raise MonitorError("monitor.demo_size and monitor.max_response_len must be positive")
+        if not all(isinstance(d, str) and d for d in self.domains):
+            raise MonitorError(f"monitor.domains must be env tags, got {list(self.domains)!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether a stage runs the monitor: enabled, with an earlier domain to watch."""
+        return self.enabled and bool(self.domains)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +118,7 @@ class ForgettingMonitor:
     settings: MonitorSettings
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     alarms: list[Alarm] = field(default_factory=list)
+    kl: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # domain -> KL to the starting policy
     last_quiet_step: int | None = None  # the last check at which no domain had fallen
     last_step: int | None = None
 
@@ -110,11 +130,14 @@ class ForgettingMonitor:
         curve = self.curves.get(domain)
         return curve[0][1] if curve else None
 
-    def observe(self, step: int, scores: Mapping[str, float]) -> list[Alarm]:
-        """Record ``scores`` (domain -> accuracy in points) seen after rollout ``step``; return new alarms."""
+    def observe(self, step: int, scores: Mapping[str, float], kl: Mapping[str, float] | None = None) -> list[Alarm]:
+        """Record ``scores`` (domain -> accuracy in points) and ``kl`` (domain -> KL to the starting policy)
+        seen after rollout ``step``; return the new alarms."""
         if self.last_step is not None and step <= self.last_step:
             raise MonitorError(f"monitor steps must increase; got {step} after {self.last_step}")
         self.last_step = step
+        for domain, value in (kl or {}).items():
+            self.kl.setdefault(domain, []).append((step, float(value)))
         new: list[Alarm] = []
         fallen = {a.domain for a in self.alarms}
         for domain, score in scores.items():
@@ -137,20 +160,22 @@ class ForgettingMonitor:
         return {
             "settings": self.settings.to_dict(),
             "curves": {d: [[s, v] for s, v in c] for d, c in self.curves.items()},
+            "kl": {d: [[s, v] for s, v in c] for d, c in self.kl.items()},
             "alarms": [{**asdict(a), "drop": round(a.drop, 3)} for a in self.alarms],
             "stopped": self.should_stop,
         }
 
 
-def monitor_suite(
-    settings: MonitorSettings, domains: list[str], env_config: Mapping[str, Any] | None = None, slime: bool = False
-) -> EvalSuite:
-    """The datasets the monitor runs: the suite's datasets of ``domains``, or their demo records.
+def monitor_suite(settings: MonitorSettings, slime: bool = False) -> EvalSuite:
+    """The datasets the monitor runs: the suite's datasets of ``settings.domains``, or their demo records.
 
-    ``slime``: the datasets' env settings are dropped (slime's eval config cannot carry them; the stage's
-    ``aclarena_env_config`` applies), so only services their paths use need values.
+    ``slime``: a suite is required (slime's eval reads data files) and the datasets' env settings are
+    dropped (slime's eval config cannot carry them; the stage's ``aclarena_env_config`` applies), so only
+    services their paths use need values.
     """
-    env_config = env_config or {}
+    domains, env_config = settings.domains, {} if slime else settings.env_config
+    if slime and not settings.suite:
+        raise SuiteError("monitor.suite is required on the slime backend: its eval config reads data files")
     if settings.suite:
         suite = load_suite(settings.suite, settings.services)
         datasets = tuple(d for d in suite.datasets if d.domain in domains)  # a domain is its env tag by default
@@ -175,33 +200,33 @@ class StageMonitor:
     """Checks the earlier domains of a local stage; ``check`` after every rollout, true when to stop."""
 
     def __init__(
-        self, values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, adapter_dir: Path
+        self, settings: MonitorSettings, url: str, model_dir: Path, adapter_name: str | None, policy_dir: Path
     ) -> None:
-        """``values``: :class:`MonitorSettings` fields plus ``domains``, their env settings bound to the engine
-        at ``url`` already (the backend fills its placeholders)."""
-        values = dict(values)
-        self.domains = [str(d) for d in values.pop("domains", [])]
-        self.monitor = ForgettingMonitor(MonitorSettings.from_mapping(values))
-        self.suite = monitor_suite(self.monitor.settings, self.domains, self.monitor.settings.env_config)
+        """``settings``' env settings are bound to the engine at ``url`` already (the backend fills their
+        placeholders); ``policy_dir`` is the policy being trained (a PEFT folder, or with ``adapter_name``
+        None the fully fine-tuned model folder)."""
+        self.monitor = ForgettingMonitor(settings)
+        self.domains = list(settings.domains)
+        self.suite = monitor_suite(settings)
         self.url, self.model_dir = url, model_dir
-        self.adapter_name, self.adapter_dir = adapter_name, Path(adapter_dir)
-        self.out = self.adapter_dir.parent / "monitor"
+        self.adapter_name, self.policy_dir = adapter_name, Path(policy_dir)
+        self.out = self.policy_dir.parent / "monitor"
         self.seconds = 0.0
         self._tokenizer: Any = None
 
     @classmethod
     def for_stage(
-        cls, values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, adapter_dir: Path
+        cls, values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, policy_dir: Path
     ) -> StageMonitor | None:
-        """None when the stage has no monitor (disabled, or no earlier domain)."""
-        if not values.get("enabled") or not values.get("domains"):
-            return None
-        return cls(values, url, model_dir, adapter_name, adapter_dir)
+        """None when the stage has no monitor (disabled, or no earlier domain); ``values``: the settings' fields."""
+        settings = MonitorSettings.from_mapping(values)
+        return cls(settings, url, model_dir, adapter_name, policy_dir) if settings.active else None
 
     @property
     def keeps_policy(self) -> bool:
-        """Whether the monitor copies the policy folder at its checks (action ``keep``): it must be on disk."""
-        return self.monitor.settings.action == "keep"
+        """Whether the monitor reads the policy folder at its checks (``keep`` copies it, ``kl`` scores it):
+        with full fine-tuning the runner must write it before each check."""
+        return self.monitor.settings.action == "keep" or self.monitor.settings.kl
 
     async def check(self, step: int) -> bool:
         """Evaluate the earlier domains after rollout ``step`` when due; true when the stage should stop."""
@@ -221,13 +246,18 @@ class StageMonitor:
         )
         settings = RunSettings(out_dir=self.out / f"rollout_{step:05d}", stage=f"rollout {step}", concurrency=8)
         summary = await run_suite(self.suite, SGLangClient(self.url), self._tokenizer, settings, experts)
-        alarms = self.monitor.observe(step, summary["domains"])
+        kl = None
+        if self.monitor.settings.kl:
+            reference = self.out / REFERENCE_DIR
+            if self.monitor.last_step is None:  # the first check: the policy the stage starts from
+                _copy_policy(self.policy_dir, reference)
+            kl = policy_kl(self.model_dir, self.policy_dir, reference, self.adapter_name is not None,
+                           _episodes(settings.out_dir))  # fmt: skip
+        alarms = self.monitor.observe(step, summary["domains"], kl)
         for alarm in alarms:
             print(f"[monitor] {alarm.message()}", file=sys.stderr)
         if not alarms and not self.monitor.alarms and self.monitor.settings.action == "keep":
-            kept = self.out / KEPT_DIR
-            shutil.rmtree(kept, ignore_errors=True)
-            shutil.copytree(self.adapter_dir, kept)
+            _copy_policy(self.policy_dir, self.out / KEPT_DIR)
         self.seconds += time.monotonic() - started
         return self.monitor.should_stop
 
@@ -242,3 +272,63 @@ class StageMonitor:
         if self.monitor.settings.action == "keep" and self.monitor.alarms:
             out["kept_adapter"] = str(self.out / KEPT_DIR)
         return out
+
+
+def _copy_policy(source: Path, target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+
+
+def _episodes(run_dir: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """Domain -> (prompt + response token ids, response loss mask) of each episode an eval run wrote."""
+    out: dict[str, list[tuple[list[int], list[int]]]] = {}
+    for path in sorted((run_dir / "samples").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("response_ids"):
+                out.setdefault(row["domain"], []).append(
+                    (list(row["prompt_ids"]) + list(row["response_ids"]), list(row["loss_mask"]))
+                )
+    return out
+
+
+def policy_kl(
+    model_dir: Path,
+    current: Path,
+    reference: Path,
+    adapters: bool,
+    episodes: Mapping[str, list[tuple[list[int], list[int]]]],
+) -> dict[str, float]:
+    """Per domain, the mean over model-written response tokens of KL(current || reference), exact over the
+    vocabulary at each position; the prefixes are the current policy's own episodes (RL's Razor's measure).
+
+    ``adapters``: ``current`` and ``reference`` are PEFT folders on ``model_dir``; else model folders.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    def load(path: Path, adapter: bool) -> Any:
+        if not adapter:
+            return AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32).eval()
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        return PeftModel.from_pretrained(base, str(path)).eval()
+
+    policy, anchor = load(current, adapters), load(reference, adapters)
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        for domain, rows in episodes.items():
+            total, count = 0.0, 0
+            for ids, mask in rows:
+                tokens = torch.tensor([ids])
+                start = len(ids) - len(mask)  # the logits at position i predict token i + 1
+                logp = torch.log_softmax(policy(tokens).logits[0, start - 1 : -1].float(), -1)
+                logq = torch.log_softmax(anchor(tokens).logits[0, start - 1 : -1].float(), -1)
+                per_token = (logp.exp() * (logp - logq)).sum(-1)
+                chosen = torch.tensor(mask, dtype=torch.bool)
+                total += float(per_token[chosen].sum())
+                count += int(chosen.sum())
+            if count:
+                out[domain] = total / count
+    return out

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
 from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, choose_backend, runs_local
-from aclarena_slime.launcher.hf_export import ExportError, ensure_export, export_argv
 from aclarena_slime.recipes.addresses import AddressError, nodes_needed, require_head_address
-from aclarena_slime.recipes.compose import RecipeError, load_recipe
-from aclarena_slime.recipes.flags import UnknownFlagError
+from aclarena_slime.recipes.compose import Adjust, RecipeError, load_recipe
 from aclarena_slime.recipes.schema import StageRecipe
 
 
@@ -45,15 +45,22 @@ def normalise_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
-def local_profile(path: str, overrides: list[str], recipe: StageRecipe) -> StageRecipe:
-    """The recipe as the local backend runs it on a laptop: the ``cluster=local`` profile, and the
-    working directory as ``paths.root`` (outputs in ``./runs``), unless the user named either."""
-    extra = []
-    if recipe.cluster.name != "local" and not any(item.startswith("cluster=") for item in overrides):
-        extra.append("cluster=local")
-    if not any(item.startswith("paths.root=") for item in overrides):
-        extra.append(f"paths.root={Path.cwd()}")
-    return load_recipe(path, [*extra, *overrides]) if extra else recipe
+def local_profile(overrides: list[str], always: bool = False) -> Adjust:
+    """What a run on the local backend adds to its recipe (``load_recipe``'s ``adjust``): the ``cluster=local``
+    profile and the working directory as ``paths.root`` (outputs in ``./runs``), unless the user named either.
+    Applied when the local backend runs the recipe here (:func:`runs_local`), or ``always``."""
+
+    def adjust(choices: DictConfig) -> list[str]:
+        if not (always or runs_local(choices)):
+            return []
+        extra = []
+        if choices.cluster.name != "local" and not any(item.startswith("cluster=") for item in overrides):
+            extra.append("cluster=local")
+        if not any(item.startswith("paths.root=") for item in overrides):
+            extra.append(f"paths.root={Path.cwd()}")
+        return extra
+
+    return adjust
 
 
 def head_text(recipe: StageRecipe) -> str:
@@ -81,6 +88,7 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     elif choice.name == "local":
         lines.append(f"# the local backend cannot run this stage: it runs RL and SFT stages, this one is kind "
                      f"{recipe.kind!r}; on the slime backend:")  # fmt: skip
+    from aclarena_slime.launcher.hf_export import export_argv
     from aclarena_slime.recipes.compiler import compile_recipe
 
     command = compile_recipe(recipe)
@@ -110,6 +118,7 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
                 0, "local", checkpoint=out["policy"], hf_checkpoint=out["policy"], metrics=out["metrics"]
             )
         return StageResult(0, "local", adapter=out["policy"], metrics=out["metrics"])
+    from aclarena_slime.launcher.hf_export import ensure_export
     from aclarena_slime.launcher.services import start_service, stop_service
 
     # before anything starts: a multi-node run needs an address other nodes reach
@@ -141,10 +150,27 @@ def _run_slime(recipe: StageRecipe) -> StageResult:
         ray_job.require_gpus(ray, ray_job.gpus_needed(recipe.cluster, engines))
         status = ray_job.submit(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
     result = StageResult(status, "slime", checkpoint=recipe.checkpoint.save, hf_checkpoint=recipe.checkpoint.save_hf)
+    read_monitor_report(result, command.custom_config.get("aclarena_monitor"))
     lora = command.custom_config.get("aclarena_lora")
     if lora is not None:
         _check_adapter(result, lora)
     return result
+
+
+def read_monitor_report(result: StageResult, section: dict[str, Any] | None) -> None:
+    """The forgetting monitor's report (its eval-log hook writes it at every check) into the stage's metrics;
+    a stage its ``stop`` ended (the hook raised, so the job failed) finished as the recipe asked."""
+    from aclarena_slime.evaluation.monitor import REPORT_FILE
+
+    path = Path(section["out_dir"], REPORT_FILE) if section else None
+    if path is None or not path.is_file():
+        return
+    report = json.loads(path.read_text())
+    result.metrics["monitor"] = report
+    if report.get("stopped") and result.status != 0:
+        result.status = 0
+        alarms = "; ".join(f"{a['domain']} fell {a['drop']} points by rollout {a['step']}" for a in report["alarms"])
+        result.message = f"stopped by the forgetting monitor ({alarms}); report: {path}"
 
 
 def _check_adapter(result: StageResult, lora: dict[str, Any]) -> None:
@@ -177,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     try:
         overrides = normalise_overrides(args.overrides)
-        recipe = load_recipe(args.recipe, overrides)
+        recipe = load_recipe(args.recipe, overrides, local_profile(overrides))
         try:
             choice = choose_backend(recipe.cluster.backend)
         except BackendUnavailable:
@@ -185,24 +211,34 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             choice = BackendChoice("slime", "backend=slime requested (a dry run: slime and GPUs are not needed here)")
         print(f"[stage] backend: {choice.name} ({choice.reason})", file=sys.stderr)
-        local_recipe = local_profile(args.recipe, overrides, recipe) if runs_local(recipe) else None
+        local_recipe = recipe if runs_local(recipe) else None
         if args.dry_run:
             print(dry_run_text(recipe, choice, local_recipe))
             return 0
-        if local_recipe is not None and local_recipe is not recipe:
-            print(
-                f"[stage] local backend: cluster={local_recipe.cluster.name} profile, outputs in {local_recipe.run_dir}",
-                file=sys.stderr,
-            )
-        result = run_recipe(local_recipe or recipe, choice)
-    except (RecipeError, UnknownFlagError, BackendUnavailable, AddressError, ExportError) as exc:
+        if local_recipe is not None:
+            print(f"[stage] local backend: cluster={recipe.cluster.name} profile, outputs in {recipe.run_dir}",
+                  file=sys.stderr)  # fmt: skip
+        result = run_recipe(recipe, choice)
+    except (RecipeError, BackendUnavailable, AddressError) as exc:
         print(f"stage.sh: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a service, Ray or the local run failed: one line, not a traceback
+        if _slime_setup_error(exc):
+            print(f"stage.sh: {exc}", file=sys.stderr)
+            return 2
         print(f"stage.sh: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(finished_text(result), file=sys.stderr)
     return result.status
+
+
+def _slime_setup_error(exc: Exception) -> bool:
+    """A slime stage's setup failed (a flag slime lacks, the HF export): imported here, on the error path,
+    so a local run never loads the slime side's modules."""
+    from aclarena_slime.launcher.hf_export import ExportError
+    from aclarena_slime.recipes.flags import UnknownFlagError
+
+    return isinstance(exc, UnknownFlagError | ExportError)
 
 
 def finished_text(result: StageResult) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.lora.config import LoraConfig, LoraConfigError
 from aclarena_slime.plugin.settings import from_mapping
+from aclarena_slime.recipes.local_section import TINY_MODEL, LocalBackendSettings, LocalConfigError  # noqa: F401 - TINY_MODEL: the stage's readers import it from here
 
 if TYPE_CHECKING:
     from aclarena_slime.slime_edge.custom import SftFilterSettings
@@ -25,16 +26,10 @@ if TYPE_CHECKING:
 KINDS = ("rl", "sft")  # GRPO (after an optional warm start), or an SFT warm-start stage
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")  # slime's --kl-loss-type
 
-TINY_MODEL = "tiny"
-
 
 def default_lora() -> LoraConfig:
     """The local expert when the recipe trains none of its own: rank 8, alpha 16 on the four linears."""
     return LoraConfig(rank=8, alpha=16.0, adapter_name=None)
-
-
-class LocalConfigError(ValueError):
-    """A local-stage setting that cannot work; the message names the setting."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +43,8 @@ class EngineSettings:
     8 prompts x 8 samples decodes as one batch (``docs/local-engine.md`` has the measurements).
     """
 
-    max_running_requests: int = 64
-    max_prefill_tokens: int = 4096
+    max_running_requests: int = LocalBackendSettings.max_running_requests
+    max_prefill_tokens: int = LocalBackendSettings.max_prefill_tokens
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "max_prefill_tokens"):
@@ -58,8 +53,8 @@ class EngineSettings:
                 raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
-@dataclass(frozen=True)
-class LocalStageConfig:
+@dataclass(frozen=True, kw_only=True)
+class LocalStageConfig(LocalBackendSettings):
     """One stage on the local backend: env, data, model, the phases (warm start, SFT or GRPO), LoRA or full
     fine-tuning, the KL term, outputs.
 
@@ -90,13 +85,6 @@ class LocalStageConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     env_config: Mapping[str, Any] = field(default_factory=dict)
-    data_path: str | None = None
-    eval_data_path: str | None = None
-    eval_size: int = 16
-    model: str = TINY_MODEL
-    backbone: str | None = None
-    base_adapter: str | None = None
-    seed: int = 0
     steps: int = 4
     prompts_per_step: int = 4
     samples_per_prompt: int = 4
@@ -104,37 +92,20 @@ class LocalStageConfig:
     max_response_len: int = 64
     response_budget: str = "total"  # max_response_len bounds the whole trajectory, or each model turn
     temperature: float = 1.0
-    top_p: float = 1.0
     # The expert: LoraConfig (a mapping is read as one); Megatron target names become their HF projections.
     # Its adapter_name is the expert's served name (None: the env tag).
     lora: LoraConfig = field(default_factory=default_lora)
-    updates_per_step: int = 1  # optimiser passes over each step's rollouts (PPO epochs)
     eval_temperature: float = 0.0  # 0: greedy evaluation
     eval_top_p: float = 1.0
     eval_max_response_len: int | None = None  # None: max_response_len
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
-    engine_host: str = "127.0.0.1"
-    engine_port: int = 0  # 0: a free port chosen by the OS
-    max_concurrency: int = 8  # rollouts in flight at once against the engine
-    max_running_requests: int = EngineSettings.max_running_requests  # the engine's batch (EngineSettings)
-    max_prefill_tokens: int = EngineSettings.max_prefill_tokens
-    micro_batch_size: int = 8  # sequences per forward/backward in the trainer
-    torch_threads: int | None = None  # None: torch's default; 1 is fastest for the tiny model
-    served_name: str = "local"  # OpenAI model name of the base; "<served_name>:<adapter>" for an adapter
-    progress: bool = True
-    # The forgetting monitor (aclarena_slime.evaluation.monitor): MonitorSettings fields plus ``domains``,
-    # the earlier env tags; the curriculum fills it. Empty: no monitor.
+    # The forgetting monitor (aclarena_slime.evaluation.monitor): the recipe's monitor section, MonitorSettings
+    # fields (``domains``: the earlier env tags); the curriculum fills it. Empty: no monitor.
     monitor: Mapping[str, Any] = field(default_factory=dict)
     # The replay baseline (aclarena_slime.local.records.replay_mixture): ReplaySettings fields plus ``domains`` and their
     # ``env_config``; the curriculum fills it. Empty: the stage's own records only.
     replay: Mapping[str, Any] = field(default_factory=dict)
-    warm_start_steps: int = 0  # 0: no warm start
-    warm_start_demos: str | None = None
-    warm_start_records: int = 256
-    warm_start_lr: float = 1e-3
-    warm_start_batch_size: int = 16
-    warm_start_min_reward: float | None = None
     # The tiny model's size (model="tiny" only): BPE vocabulary, width, layers. With a warm start, its
     # tokenizer also learns from the warm-start records' prompts and gold turns (never the held-out ones).
     tiny_vocab_size: int = 512
@@ -142,6 +113,7 @@ class LocalStageConfig:
     tiny_layers: int = 2
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the backend's own settings (cluster.local)
         if not self.env or not isinstance(self.env, str):
             raise LocalConfigError(f"env must be a non-empty environment tag, got {self.env!r}")
         if not self.output_dir:
@@ -151,11 +123,6 @@ class LocalStageConfig:
             "prompts_per_step",
             "samples_per_prompt",
             "max_response_len",
-            "max_concurrency",
-            "updates_per_step",
-            "micro_batch_size",
-            "warm_start_records",
-            "warm_start_batch_size",
             "tiny_vocab_size",
             "tiny_hidden_size",
             "tiny_layers",
@@ -164,8 +131,6 @@ class LocalStageConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.eval_size, int) or self.eval_size < 0:
-            raise LocalConfigError(f"eval_size must be a non-negative integer, got {self.eval_size!r}")
         if self.lr <= 0:
             raise LocalConfigError(f"lr must be positive, got {self.lr!r}")
         if self.temperature <= 0:
@@ -174,8 +139,6 @@ class LocalStageConfig:
             )
         if self.eval_temperature < 0:
             raise LocalConfigError(f"eval_temperature must be >= 0 (0 is greedy), got {self.eval_temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise LocalConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not 0.0 < self.eval_top_p <= 1.0:
             raise LocalConfigError(f"eval_top_p must be in (0, 1], got {self.eval_top_p!r}")
         if self.eval_max_response_len is not None and self.eval_max_response_len < 1:
@@ -194,10 +157,6 @@ class LocalStageConfig:
             raise LocalConfigError(f"lora must be LoRA settings (a mapping), got {type(self.lora).__name__}")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise LocalConfigError(f"clip eps must be non-negative, got {self.clip_eps_low!r}/{self.clip_eps_high!r}")
-        if self.torch_threads is not None and self.torch_threads < 1:
-            raise LocalConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
-        if not 0 <= self.engine_port < 65536:
-            raise LocalConfigError(f"engine_port must be 0..65535, got {self.engine_port!r}")
         if self.tiny_hidden_size % 4:
             raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")
         self._check_warm_start()
@@ -208,8 +167,6 @@ class LocalStageConfig:
 
     def _check_warm_start(self) -> None:
         steps = self.warm_start_steps
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-            raise LocalConfigError(f"warm_start_steps must be a non-negative integer, got {steps!r}")
         if steps and not self.warm_start_demos:
             raise LocalConfigError(
                 "warm_start_steps > 0 needs warm_start_demos, the dotted path of the env's demo-turns function"
@@ -219,8 +176,6 @@ class LocalStageConfig:
                 "warm_start_steps > 0 with a base_adapter: the warm start would change the backbone under the "
                 "adapter it continues; set warm_start_steps=0 for a chained stage"
             )
-        if self.warm_start_lr <= 0:
-            raise LocalConfigError(f"warm_start_lr must be positive, got {self.warm_start_lr!r}")
 
     def _check_policy(self) -> None:
         if self.kind not in KINDS:

@@ -1,9 +1,10 @@
 """The local backend's scope, in one place: a stage recipe mapped onto ``LocalStageConfig``, and what it refuses.
 
 The recipe is the one source: its kind, steps, batch, optimiser (AdamW: lr, betas, weight decay), budgets,
-temperatures, clip range, KL term, eval sampling, LoRA (or full fine-tuning), SFT filter and replay
+temperatures, clip range, KL term, eval sampling, LoRA (or full fine-tuning), SFT filter, replay and monitor
 become the local stage's (``RECIPE_KEYS``). ``cluster.local`` holds only what is the backend's own
-(``BACKEND_FIELDS``: model, threads, engine, concurrency, warm start, monitor, ...). A recipe setting the
+(:class:`~aclarena_slime.recipes.local_section.LocalBackendSettings`: model, threads, engine, concurrency,
+warm start, ...; typed and checked when the recipe composes). A recipe setting the
 local backend cannot run is an error naming the setting, or a warning where running without it is the
 honest choice (``UNHONOURED``); the local profile (``recipes/profile/local.yaml``) sets each of them to
 what the backend runs, so a paper recipe composes cleanly and only an override that asks for more trips
@@ -40,6 +41,7 @@ RECIPE_KEYS = {
     "sft_filter": "custom.aclarena_sft_filter",
     "sft_epochs": "algorithm.extra.num_epoch",
     "replay": "custom.aclarena_replay",
+    "monitor": "monitor",
     "clip_eps_low": "algorithm.eps_clip",
     "clip_eps_high": "algorithm.eps_clip_high",
     "eval_temperature": "data.eval_temperature",
@@ -51,14 +53,6 @@ RECIPE_KEYS = {
     "env_config": "env_config.<tag>",
     "output_dir": "paths.runs and name",
 }
-# What cluster.local may set: the backend's own settings.
-BACKEND_FIELDS = (
-    "model", "backbone", "base_adapter", "seed", "data_path", "eval_data_path", "eval_size", "top_p",
-    "updates_per_step", "engine_host", "engine_port", "max_concurrency", "micro_batch_size", "torch_threads",
-    "max_running_requests", "max_prefill_tokens",
-    "served_name", "progress", "monitor", "warm_start_steps", "warm_start_demos", "warm_start_records",
-    "warm_start_lr", "warm_start_batch_size", "warm_start_min_reward",
-)  # fmt: skip
 # Recipe settings the local backend runs one way only: (key, the values it runs, error?, why). Another value
 # is an error, or with error=False a warning (the stage runs without it).
 UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
@@ -87,16 +81,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
             f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
         )
     check_honoured(recipe)
-    local = dict(recipe.cluster.local)
-    misplaced = sorted(set(local) & set(RECIPE_KEYS))
-    if misplaced:
-        raise RecipeError(
-            "cluster.local holds the local backend's own settings only; set "
-            + ", ".join(f"{RECIPE_KEYS[k]} instead of cluster.local.{k}" for k in misplaced)
-        )
-    unknown = sorted(set(local) - set(BACKEND_FIELDS))
-    if unknown:
-        raise RecipeError(f"unknown cluster.local settings {unknown}; known: {sorted(BACKEND_FIELDS)}")
+    local = dataclasses.asdict(recipe.cluster.local)  # typed and checked when the recipe composed
     algorithm, rollout, data = recipe.algorithm, recipe.rollout, recipe.data
     values: dict[str, Any] = {
         "env": data.env,
@@ -136,9 +121,11 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
             "domains": list(replay.data),
             "env_config": {tag: dict(recipe.env_config.get(tag) or {}) for tag in replay.data},
         }
+    if recipe.monitor.active:
+        values["monitor"] = recipe.monitor.to_dict()
     load = recipe.checkpoint.load
-    if isinstance(load, str) and (Path(load) / "config.json").is_file():
-        values["backbone"] = load  # the model a previous local stage fine-tuned in full (cluster.local's wins)
+    if local["backbone"] is None and isinstance(load, str) and (Path(load) / "config.json").is_file():
+        local["backbone"] = load  # the model a previous local stage fine-tuned in full (cluster.local's wins)
     if local.get("warm_start_steps") and not local.get("warm_start_demos"):
         warnings.warn(
             f"cluster.local: no warm_start_demos for env {data.env!r} (recipes/env/local/{data.env}.yaml); this "

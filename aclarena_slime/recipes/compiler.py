@@ -155,6 +155,9 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     flags.add_section({k: v for k, v in recipe.extra.items() if k != EVAL_SUITE}, "extra")
     _refuse_pipeline_parallel(recipe)
     lora = _lora_settings(recipe, flags)  # after every other flag: it refuses some of them
+    monitor = _monitor(recipe, flags, lora)
+    if monitor is not None:
+        eval_config = monitor[0]
     if recipe.checkpoint.finetune and not recipe.lora.enabled and "--start-rollout-id" not in flags.origins:
         # Weights only, never resumed: slime starts at loaded iteration + 1, which Megatron's --finetune makes 1, and
         # would skip rollout 0 and its baseline eval (slime/ray/placement_group.py). A LoRA stage resumes instead:
@@ -178,7 +181,11 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
                     f"experts.{tag} names {experts[tag]!r}, but this stage trains adapter {adapter!r} for that env"
                 )
             experts[tag] = adapter
+        for tag in recipe.monitor.domains if recipe.monitor.active else ():
+            experts.setdefault(tag, lora["adapter_name"])  # the policy being trained answers the watched domains
     custom.update(recipe.custom.to_custom_config())
+    if monitor is not None:
+        custom["aclarena_monitor"] = monitor[1]
     return SlimeCommand(
         train_args=flags.argv(),
         custom_config=custom,
@@ -200,7 +207,8 @@ def _eval_suite(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     name = recipe.extra.get(EVAL_SUITE)
     if name is None:
         return None
-    from aclarena_slime.evaluation import SuiteError, load_suite, slime_eval_config
+    from aclarena_slime.evaluation import SuiteError, load_suite
+    from aclarena_slime.recipes.eval_config import slime_eval_config
 
     if recipe.data.eval_prompt_data:
         raise RecipeError("extra.eval_suite replaces data.eval_prompt_data; set one of them")
@@ -210,6 +218,40 @@ def _eval_suite(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
         raise RecipeError(f"extra.eval_suite {name!r}: {exc}") from exc
     flags.add("eval_config", str(Path(recipe.run_dir) / EVAL_CONFIG_NAME), "extra.eval_suite")
     return config
+
+
+def _monitor(
+    recipe: StageRecipe, flags: _Flags, lora: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A monitored stage: its ``--eval-config`` (own eval sets and the earlier domains'), run every
+    ``monitor.interval`` rollouts, and the eval-log hook that runs the alarm on the results, with its section."""
+    if not recipe.monitor.active:
+        return None
+    from aclarena_slime.evaluation.suite import SuiteError
+    from aclarena_slime.recipes.eval_config import monitor_eval_config
+
+    if recipe.extra.get(EVAL_SUITE):
+        raise RecipeError("monitor and extra.eval_suite both write --eval-config; set one of them")
+    policy_dir = None
+    if lora is not None and lora["sync_mode"] == "disk":  # the PEFT folder the sync rewrites after every step
+        policy_dir = f"{lora['sync_dir']}/{lora['adapter_name']}"
+    if recipe.monitor.action == "keep" and policy_dir is None:
+        raise RecipeError(
+            "monitor.action=keep on slime keeps the LoRA adapter the disk sync writes after every step; this stage "
+            + (
+                "syncs it otherwise (set lora.sync_mode=disk)"
+                if lora is not None
+                else "trains no adapter (use warn or stop)"
+            )
+        )
+    try:
+        config, section = monitor_eval_config(recipe, policy_dir)
+    except SuiteError as exc:
+        raise RecipeError(f"monitor: {exc}") from exc
+    flags.add("eval_config", str(Path(recipe.run_dir) / EVAL_CONFIG_NAME), "monitor")
+    flags.add("eval_interval", recipe.monitor.interval, "monitor.interval")
+    flags.add("custom_eval_rollout_log_function_path", hook_path("monitor_eval_log"), "monitor")
+    return config, section
 
 
 # SFT (the SDFT backbone) has no policy-gradient settings; only the optimiser's carry over.
@@ -228,7 +270,7 @@ def _data_flags(flags: _Flags, recipe: StageRecipe) -> None:
     flags.add("metadata_key", data.metadata_key, "data.metadata_key")
     flags.add("apply_chat_template", data.apply_chat_template, "data.apply_chat_template")
     flags.add("rollout_shuffle", data.rollout_shuffle, "data.rollout_shuffle")
-    if data.eval_prompt_data:
+    if data.eval_prompt_data and not recipe.monitor.active:  # a monitored stage's are in its --eval-config
         pairs = [part for name, path in data.eval_prompt_data.items() for part in (name, path)]
         flags.add("eval_prompt_data", pairs, "data.eval_prompt_data")
         flags.add("eval_interval", data.eval_interval, "data.eval_interval")

@@ -12,6 +12,7 @@ command-line overrides, so the profile wins over the recipe and the command line
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -37,8 +38,18 @@ def recipes_root(recipe: Path) -> Path:
     return folder
 
 
-def compose_config(recipe: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Hydra composition of one stage recipe with command-line style overrides (``key=value``)."""
+Adjust = Callable[[DictConfig], list[str]]
+
+
+def compose_config(
+    recipe: str | Path, overrides: list[str] | tuple[str, ...] = (), adjust: Adjust | None = None
+) -> DictConfig:
+    """Hydra composition of one stage recipe with command-line style overrides (``key=value``).
+
+    ``adjust`` sees the composition of the choices (the config groups, ``kind``, ``cluster.backend``) and
+    returns further overrides placed before ``overrides``: what the backend that runs the recipe adds (the
+    launcher's local profile), so a run composes its recipe once.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -50,6 +61,10 @@ def compose_config(recipe: str | Path, overrides: list[str] | tuple[str, ...] = 
         with initialize_config_dir(config_dir=str(root), version_base="1.3"):
             # The choices first (a value override may name a key only the profile adds), then everything.
             choices = compose(config_name=path.stem, overrides=[o for o in overrides if _picks_profile(o)])
+            extra = adjust(choices) if adjust is not None else []
+            overrides = [*extra, *overrides]
+            if any(_picks_profile(o) for o in extra):  # e.g. cluster=local: its profile applies
+                choices = compose(config_name=path.stem, overrides=[o for o in overrides if _picks_profile(o)])
             profile = profile_overrides(choices, root)
             return compose(config_name=path.stem, overrides=[*profile, *overrides])
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
@@ -57,9 +72,10 @@ def compose_config(recipe: str | Path, overrides: list[str] | tuple[str, ...] = 
 
 
 def _picks_profile(override: str) -> bool:
-    """Whether an override can change which profile applies: a group choice, cluster.profile or data.env."""
+    """Whether an override can change which profile or backend applies: a group choice or a top-level key
+    (``kind``), cluster.profile, data.env or cluster.backend."""
     key = override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-    return "." not in key or key in ("cluster.profile", "data.env")
+    return "." not in key or key in ("cluster.profile", "data.env", "cluster.backend")
 
 
 def profile_overrides(composed: DictConfig, root: Path) -> list[str]:
@@ -76,15 +92,19 @@ def profile_overrides(composed: DictConfig, root: Path) -> list[str]:
     return out
 
 
-def load_recipe(recipe: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StageRecipe:
-    """Compose, type-check and resolve a stage recipe; every error names the offending key."""
-    composed = compose_config(recipe, overrides)
+def load_recipe(
+    recipe: str | Path, overrides: list[str] | tuple[str, ...] = (), adjust: Adjust | None = None
+) -> StageRecipe:
+    """Compose, type-check and resolve a stage recipe (``adjust``: see :func:`compose_config`); every error
+    names the offending key."""
+    composed = compose_config(recipe, overrides, adjust)
     return to_recipe(composed, str(recipe))
 
 
 def to_recipe(composed: DictConfig, source: str = "<recipe>") -> StageRecipe:
     try:
         schema = OmegaConf.structured(StageRecipe)
+        OmegaConf.set_readonly(schema.cluster.local, False)  # a frozen dataclass: frozen once built, not before
         merged = OmegaConf.merge(schema, composed)
         _resolve_addresses(merged, source)
         OmegaConf.resolve(merged)

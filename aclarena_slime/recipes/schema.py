@@ -14,7 +14,9 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from aclarena_slime.evaluation.monitor import MonitorSettings
 from aclarena_slime.lora.config import LoraConfig
+from aclarena_slime.recipes.local_section import LocalBackendSettings
 from aclarena_slime.slime_edge import path as hook_path
 from aclarena_slime.slime_edge.custom import CustomConfig
 
@@ -74,9 +76,9 @@ class ClusterConfig:
     # The backend profile this cluster applies over the recipe (recipes/profile/<profile>.yaml and the stage
     # env's recipes/env/<profile>/<tag>.yaml; see aclarena_slime.recipes.compose); None: the recipe as it is.
     profile: str | None = None
-    # The local backend's own settings (model, threads, engine, warm start: LocalStageConfig's backend fields,
-    # aclarena_slime.local.spec.BACKEND_FIELDS); the recipe's other sections give the rest.
-    local: dict[str, Any] = field(default_factory=dict)
+    # The local backend's own settings (model, threads, engine, warm start); the recipe's other sections give
+    # the rest of a local stage's (aclarena_slime.local.spec).
+    local: LocalBackendSettings = field(default_factory=LocalBackendSettings)
 
 
 @dataclass
@@ -215,6 +217,9 @@ class StageRecipe:
     experts: dict[str, str] = field(default_factory=dict)  # env tag -> adapter, for aclarena_experts
     extra: dict[str, Any] = field(default_factory=dict)  # stage-specific flags (SDFT's SFT loss, OPD)
     custom: CustomConfig = field(default_factory=CustomConfig)  # typed aclarena_* sections of the custom config
+    # The forgetting monitor over the earlier domains (the curriculum writes it). Both backends run it: the
+    # local runner checks them itself; slime runs them as its --eval-config, the alarm in its eval-log hook.
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)
     notes: str = ""  # why this stage exists; printed by --dry-run
 
     @property

@@ -116,6 +116,14 @@ HOOKS: tuple[Hook, ...] = (
         ((("args",), ()),),
     ),
     Hook(
+        "monitor_eval_log",
+        "--custom-eval-rollout-log-function-path",
+        f"{_EDGE}.monitor.log_eval",
+        "slime.observability.rollout_metrics.log_eval_rollout_data",
+        # slime/observability/rollout_metrics.py log_eval_rollout_data: custom_log_func(rollout_id, args, data, extra_metrics)
+        ((("rollout_id", "args", "data", "extra_metrics"), ()),),
+    ),
+    Hook(
         "tis",
         "--custom-tis-function-path",
         f"{_EDGE}.tis.mismatch_tis",

@@ -127,18 +127,18 @@ def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path):
 def test_the_shipped_monitor_suite_compiles_into_slimes_eval_config(tmp_path: Path):
     """kl_anchor.yaml with its monitor on, for the cluster: the paper suite's earlier domains join each stage's
     eval config, and the stage gets the earlier envs' settings and services so slime's eval can run them."""
-    import yaml
-
     runner = _run_fake("kl_anchor", tmp_path, "paper_2x8", "monitor.enabled=true")
     third = runner.recipes[2]
-    config = yaml.safe_load(Path(third.extra["eval_config"]).read_text())
+    command = compile_recipe(third)
+    config = command.eval_config
     by_name = {d["name"]: d for d in config["eval"]["datasets"]}
     assert {"aime26", "nq"} <= set(by_name) and not {"single_hop", "multi_hop", "ifeval"} & set(by_name)
     assert by_name["nq"]["metadata_overrides"] == {"env": "search"}
     assert by_name["nq"]["path"] == f"{tmp_path / 'data'}/search/nq_test.jsonl@[0:500]"
     assert {"math", "search", "retail"} <= set(third.env_config) and "retriever" in third.services
-    argv = compile_recipe(third).train_args
+    argv = command.train_args
     assert argv[argv.index("--eval-interval") + 1] == "25"
+    assert command.custom_config["aclarena_monitor"]["domains"] == ["math", "search"]  # the alarm's section
 
 
 def test_the_kl_anchor_section_gives_the_local_stage_its_kl_term(tmp_path: Path):

@@ -318,20 +318,20 @@ def test_the_monitor_watches_the_earlier_domains_of_a_local_stage(tmp_path: Path
     path = _with_monitor(write_curriculum(tmp_path, "seq", SEQUENTIAL[:3]), None, "local")
     runner = FakeRunner()
     run_curriculum(path, runner=runner, evaluator=lambda *_: None)
-    monitors = [r.cluster.local.get("monitor") for r in runner.recipes]
-    assert monitors[0] is None  # nothing trained before the first stage
-    assert monitors[1]["domains"] == ["math"] and monitors[2]["domains"] == ["math", "search"]
-    assert monitors[2]["interval"] == 5 and monitors[2]["max_drop"] == 3.0
-    # the local stage's settings accept it
+    monitors = [r.monitor for r in runner.recipes]
+    assert not monitors[0].active  # nothing trained before the first stage
+    assert monitors[1].domains == ["math"] and monitors[2].domains == ["math", "search"]
+    assert monitors[2].interval == 5 and monitors[2].max_drop == 3.0
+    # the local backend runs the recipe's section
     from aclarena_slime.local.spec import local_config
 
     assert local_config(runner.recipes[2]).monitor["domains"] == ["math", "search"]
+    assert local_config(runner.recipes[0]).monitor == {}
 
 
-def test_on_slime_the_earlier_domains_join_the_stages_eval_config(tmp_path: Path):
-    import yaml
-
+def test_on_slime_the_earlier_domains_join_the_stages_eval_config_and_the_alarm_hook(tmp_path: Path):
     from aclarena_slime.recipes.compiler import compile_recipe
+    from aclarena_slime.slime_edge import path as hook_path
 
     (tmp_path / "watch.yaml").write_text(
         "name: watch\ndatasets:\n  gsm: {env: math, path: /data/math/gsm.jsonl, limit: 50}\n"
@@ -341,15 +341,20 @@ def test_on_slime_the_earlier_domains_join_the_stages_eval_config(tmp_path: Path
     runner = FakeRunner()
     run_curriculum(path, runner=runner, evaluator=lambda *_: None)
     first, second = runner.recipes
-    assert "eval_config" not in first.extra
-    config = yaml.safe_load(Path(second.extra["eval_config"]).read_text())
-    names = [d["name"] for d in config["eval"]["datasets"]]
+    assert compile_recipe(first).eval_config is None and not first.monitor.active
+    command = compile_recipe(second)
+    names = [d["name"] for d in command.eval_config["eval"]["datasets"]]
     assert names == ["nq_test", "gsm"]  # the stage's own eval set stays; only the earlier domain joins
-    assert config["eval"]["datasets"][1]["path"] == "/data/math/gsm.jsonl@[0:50]"
-    assert config["eval"]["datasets"][1]["metadata_overrides"] == {"env": "math"}
-    argv = compile_recipe(second).train_args
-    assert argv[argv.index("--eval-config") + 1] == second.extra["eval_config"]
+    assert command.eval_config["eval"]["datasets"][1]["path"] == "/data/math/gsm.jsonl@[0:50]"
+    assert command.eval_config["eval"]["datasets"][1]["metadata_overrides"] == {"env": "math"}
+    argv = command.train_args
     assert argv[argv.index("--eval-interval") + 1] == "5" and "--eval-prompt-data" not in argv
+    assert argv[argv.index("--custom-eval-rollout-log-function-path") + 1] == hook_path("monitor_eval_log")
+    section = command.custom_config["aclarena_monitor"]
+    assert section["datasets"] == {"gsm": "math"} and section["domains"] == ["math"] and section["max_drop"] == 3.0
+    assert section["out_dir"] == f"{second.run_dir}/monitor"
+    command.write_custom_config()  # the eval config lands where --eval-config points
+    assert Path(argv[argv.index("--eval-config") + 1]).is_file()
 
 
 def test_a_bad_monitor_setting_is_a_recipe_error(tmp_path: Path):

@@ -50,6 +50,9 @@ def test_the_alarm_fires_when_training_makes_an_earlier_domain_fall_and_stops_th
     assert curve[0][0] == 0 and alarm["drop"] > 10.0 and alarm["baseline"] == curve[0][1], curve
     assert report["stopped"] and len(metrics["steps"]) == alarm["step"] < 8  # ended at the fall
     assert [s for s, _ in curve] == list(range(0, alarm["step"] + 1, 2))
+    # RL's Razor's predictor beside the scores: 0 at the start, grown by the fall
+    kl = report["kl"]["nodigits"]
+    assert [s for s, _ in kl] == [s for s, _ in curve] and kl[0] == [0, 0.0] and kl[-1][1] > 0.0
     # each check is a real eval run: per-sample lines, served by the adapter being trained
     assert (tmp_path / "stage" / "monitor" / "rollout_00000" / "samples" / "nodigits.jsonl").is_file()
 

@@ -75,7 +75,7 @@ def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
     assert cfg.env_config["max_turns"] == 5  # the recipe's env settings, under the local profile's (topk: 1)
     assert cfg.env_config["topk"] == 1
     assert cfg.output_dir == str(tmp_path / "runs" / "mle_search" / "local")
-    with pytest.raises(RecipeError, match="unknown cluster.local settings"):
+    with pytest.raises(RecipeError, match="Key 'stepz' not in 'LocalBackendSettings'"):
         local_config(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
     with pytest.raises(RecipeError, match="RL stages and SFT warm starts"):
         local_config(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))
@@ -188,7 +188,7 @@ def _fake_slime_job(monkeypatch, write_adapter: bool) -> list[list[str]]:
     monkeypatch.setattr(ray_job, "require_gpus", lambda ray, want: want)  # every node joined
     monkeypatch.setattr(ray_job, "submit", submit)
     # the SDFT iteration's HF export exists (tests/launcher/test_cluster_lineage.py makes and checks one)
-    monkeypatch.setattr("aclarena_slime.launcher.stage.ensure_export", lambda recipe: None)
+    monkeypatch.setattr("aclarena_slime.launcher.hf_export.ensure_export", lambda recipe: None)
     return submitted
 
 

@@ -19,7 +19,7 @@ MATH = str(REPO / "recipes/stage1_math.yaml")
 def stage_sh_local(recipe: str, *overrides: str):
     """What ``launch/stage.sh RECIPE OVERRIDES`` builds on a machine where the local backend is chosen."""
     items = normalise_overrides(list(overrides))
-    return local_config(local_profile(recipe, items, load_recipe(recipe, items)))
+    return local_config(load_recipe(recipe, items, local_profile(items)))
 
 
 def test_command_line_overrides_reach_the_local_stage(tmp_path: Path, monkeypatch):
@@ -77,8 +77,9 @@ def test_the_local_profile_names_no_env_tag():
         ("rollout.dynamic_sampling_filter_path=aclarena_slime.slime_edge.rollout.drop_no_tool",
          "rollout.dynamic_sampling_filter_path"),
         ("data.n_samples_per_eval_prompt=16", "data.n_samples_per_eval_prompt"),
-        ("++cluster.local.steps=3", "rollout.num_rollout instead of cluster.local.steps"),
-        ("++cluster.local.stepz=3", "unknown cluster.local settings"),
+        ("++cluster.local.steps=3", "Key 'steps' not in 'LocalBackendSettings'"),  # a recipe key: rollout.num_rollout
+        ("++cluster.local.stepz=3", "Key 'stepz' not in 'LocalBackendSettings'"),
+        ("++cluster.local.max_concurrency=0", "max_concurrency must be a positive integer"),
     ],
 )  # fmt: skip
 def test_a_setting_the_local_backend_cannot_run_is_an_error_naming_it(override: str, named: str, tmp_path: Path):
@@ -103,3 +104,18 @@ def test_the_slime_command_is_the_recipe_without_the_local_profile(tmp_path: Pat
     assert (paper.algorithm.lr, paper.rollout.n_samples_per_prompt, paper.algorithm.use_kl_loss) == (1e-6, 16, True)
     plain = load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "cluster.profile=null"])
     assert plain.cluster.name == "local" and plain.rollout.n_samples_per_prompt == 16
+
+
+def test_each_local_setting_comes_from_one_place():
+    """A local stage's setting is the backend's own (cluster.local, typed by LocalBackendSettings) or a recipe
+    key's (RECIPE_KEYS), never both; only the tiny model's shape is neither (tests and benchmarks set it)."""
+    import dataclasses
+
+    from aclarena_slime.local.config import LocalStageConfig
+    from aclarena_slime.local.spec import RECIPE_KEYS
+    from aclarena_slime.recipes.local_section import LocalBackendSettings
+
+    backend = {f.name for f in dataclasses.fields(LocalBackendSettings)}
+    assert not backend & set(RECIPE_KEYS)
+    tiny = {"tiny_vocab_size", "tiny_hidden_size", "tiny_layers"}
+    assert {f.name for f in dataclasses.fields(LocalStageConfig)} == backend | set(RECIPE_KEYS) | tiny

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from aclarena_slime.cli import main
-from aclarena_slime.evaluation import load_suite, parse_suite, slime_eval_config
-from aclarena_slime.evaluation.slime_config import SLIME_DATASET_KEYS
+from aclarena_slime.evaluation import load_suite, parse_suite
+from aclarena_slime.recipes.eval_config import SLIME_DATASET_KEYS, slime_eval_config
 from aclarena_slime.slime_edge import path as hook_path
 
 PAPER = Path(__file__).resolve().parents[2] / "recipes" / "eval" / "paper.yaml"
@@ -31,7 +31,9 @@ def test_entries_route_through_our_functions_with_the_env_tag():
     config = slime_eval_config(_suite(), data_root="/data")
     aime, nq = config["eval"]["datasets"]
     assert aime["path"] == "/data/aime.jsonl" and nq["path"] == "/abs/nq.jsonl@[0:500]"
-    assert aime["custom_generate_function_path"] == hook_path("generate") and aime["custom_rm_path"] == hook_path("reward")
+    assert aime["custom_generate_function_path"] == hook_path("generate") and aime["custom_rm_path"] == hook_path(
+        "reward"
+    )
     assert aime["metadata_overrides"] == {"env": "math"} and nq["metadata_overrides"] == {"env": "search"}
     assert (aime["n_samples_per_eval_prompt"], aime["max_response_len"], aime["temperature"]) == (16, 16384, 1.0)
     assert nq["top_k"] == 20 and "top_k" not in aime
