@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
@@ -222,8 +223,12 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
         client = context.client()
 
         async def sync(cfg: LocalStageConfig, loaded: bool) -> None:  # one adapter-only sync per expert
-            trainer.save(cfg.expert_name, dirs[cfg.expert_name])
-            await client.swap_adapter(cfg.expert_name, str(dirs[cfg.expert_name]), loaded=loaded)
+            folder = dirs[cfg.expert_name]
+            trainer.save(cfg.expert_name, folder)
+            checksum = adapter_checksum(folder)  # the engine checks the files it reads against it
+            await swap_adapter(
+                [client], cfg.expert_name, folder, checksum=checksum, engine_verifies=True, loaded=loaded
+            )
 
         for cfg in cfgs:
             await sync(cfg, loaded=False)
