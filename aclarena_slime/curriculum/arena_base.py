@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,12 @@ def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out:
     """The base model for ``seed`` in ``out`` (built when absent, else reused); ``configs``: one per domain."""
     model = out / MODEL_DIR
     if (model / "config.json").is_file() and (out / REPORT).is_file():
+        built = json.loads((out / REPORT).read_text())
+        if built.get("settings") != dataclasses.asdict(settings) or built.get("seed") != seed:
+            raise ValueError(
+                f"{out} holds a base built with {built.get('settings')} (seed {built.get('seed')}), not "
+                f"{dataclasses.asdict(settings)} (seed {seed}): choose another output_dir or remove it"
+            )
         return model.resolve()
     print(f"[arena] building the shared base model (seed {seed}) in {out}", file=sys.stderr)
     demos = [

@@ -35,14 +35,18 @@ def test_one_command_compares_curricula_and_single_models(tmp_path, capsys):
     replay = _run(tmp_path, "rep", [("r1", "a", {"a": 50.0, "b": 12.0}), ("r2", "b", {"a": 45.0, "b": 55.0})],
                   [local, {"rollout_tokens": 1500, "trainer_steps": 2}])  # fmt: skip
     slime = {"rollout_tokens": None, "trainer_steps": 300}
-    anchor = _run(tmp_path, "kl", [("k1", "a", {"a": 50.0, "b": 10.0}), ("k2", "b", {"a": 40.0, "b": 58.0})], [slime] * 2)
+    anchor = _run(
+        tmp_path, "kl", [("k1", "a", {"a": 50.0, "b": 10.0}), ("k2", "b", {"a": 40.0, "b": 58.0})], [slime] * 2
+    )
     mopd = tmp_path / "mopd.json"
     mopd.write_text(json.dumps({"stage": "mopd", "domains": {"a": 44.0, "b": 52.0}}))
     base = tmp_path / "base.json"
     base.write_text(json.dumps({"stage": "base", "domains": {"a": 5.0, "b": 4.0}}))
     out = tmp_path / "cmp"
     runs = ["--run", f"sequential={seq}", "--run", f"replay={replay}", "--run", f"KL anchor={anchor}"]
-    assert main(["eval", "matrix", *runs, "--run", f"MOPD={mopd}", "--base", str(base), "--out", str(out), "--json"]) == 0
+    assert (
+        main(["eval", "matrix", *runs, "--run", f"MOPD={mopd}", "--base", str(base), "--out", str(out), "--json"]) == 0
+    )
     methods = {m["method"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
     assert list(methods) == ["sequential", "replay", "KL anchor", "MOPD"]
     assert methods["sequential"]["average_accuracy"] == pytest.approx(40.0)

@@ -47,8 +47,11 @@ def arena_file(tmp_path: Path, methods: dict, **extra) -> Path:
         "overrides": ["rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2"],
         "stages": [
             {"name": "math", "recipe": str(RECIPES / "stage1_math.yaml"), "overrides": ["rollout.num_rollout=1"]},
-            {"name": "ifeval", "recipe": str(RECIPES / "stage4_if.yaml"),
-             "overrides": ["rollout.num_rollout=1", "rollout.rollout_max_response_len=32"]},
+            {
+                "name": "ifeval",
+                "recipe": str(RECIPES / "stage4_if.yaml"),
+                "overrides": ["rollout.num_rollout=1", "rollout.rollout_max_response_len=32"],
+            },
         ],  # fmt: skip
         "methods": methods,
         **extra,
