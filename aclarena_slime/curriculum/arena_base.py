@@ -68,6 +68,10 @@ def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out:
     first = demos[0]
     if any(c.model != TINY_MODEL for c in configs):
         raise ValueError("the arena's base is built from the tiny model (cluster.local.model=tiny in every stage)")
+    if first.torch_threads:  # as a local stage runs (1 is fastest for the tiny model)
+        import torch
+
+        torch.set_num_threads(first.torch_threads)
     texts = [t for c in demos for t in asyncio.run(tokenizer_texts(c))]
     shape = TinyShape(first.tiny_vocab_size, first.tiny_hidden_size, first.tiny_layers)
     start = prepare_model(TINY_MODEL, out, seed, shape, texts)
