@@ -42,7 +42,7 @@ def arena_file(tmp_path: Path, methods: dict, **extra) -> Path:
         "name": "t",
         "output_dir": str(tmp_path / "out"),
         "base": {"steps": 4, "records": 16, "batch_size": 8},
-        "eval_size": 4,
+        "eval_size": 2,
         # tiny sizes: 1 GRPO step of 2 prompts x 2 samples per stage, short answers
         "overrides": ["rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2"],
         "stages": [
