@@ -2,7 +2,7 @@
 every stage, so their forgetting matrices compare.
 
 An arena file (``recipes/curriculum/arena_local.yaml``) names the stages (a recipe per domain, with its
-sizing), the shared base (:mod:`.arena_base`), the held-out evaluation and the methods (:mod:`.methods`, each a
+sizing), the shared base (:mod:`aclarena_slime.launcher.arena_base`), the held-out evaluation and the methods (:mod:`.methods`, each a
 dotted path). For one seed, :func:`run_arena` builds the base (or reuses it), evaluates it (the base row, for
 FWT), then writes each method's curriculum file under ``<output_dir>/seed_<seed>/<method>/`` and runs it with
 the ordinary curriculum runner (resume included): the files say exactly what each method ran. After each
@@ -14,7 +14,6 @@ manifests; ``aclarena eval matrix --run METHOD=MANIFEST ... --base BASE_SUMMARY`
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,18 +23,15 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from aclarena_slime.curriculum.arena_base import BaseSettings, build_base
 from aclarena_slime.curriculum.methods import ArenaStage, MethodError, load_method
 from aclarena_slime.curriculum.runner import Evaluator, run_curriculum
 from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite
 from aclarena_slime.jsonl import write_json_atomic
+from aclarena_slime.launcher.arena_base import BaseSettings, LocalStageConfig, build_base, evaluate_policy, local_config
 from aclarena_slime.launcher.stage import local_profile
-from aclarena_slime.local.config import LocalStageConfig
-from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 ARENA_FILE = "arena.json"
-SERVED = "local"  # the engine's served model name ({local_model} in an env's settings, e.g. retail's user)
 
 
 @dataclass
@@ -141,29 +137,6 @@ def policy_evaluator(suite: EvalSuite, seed: int) -> Evaluator:
         return asyncio.run(evaluate_policy(suite, Path(model), entry.get("experts") or None, out, stage, seed))
 
     return evaluate
-
-
-async def evaluate_policy(suite: EvalSuite, model: Path, experts: str | None, out: Path, stage: str, seed: int) -> Path:
-    """Serve ``model`` (and the experts of the ``experts`` manifest) on the local engine; run ``suite``."""
-    from aclarena_slime.evaluation.runner import RunSettings, load_experts, run_suite
-    from aclarena_slime.experts import ExpertTable
-    from aclarena_slime.local.engine import LocalEngine
-    from aclarena_slime.local.generation import MultiLoraModel
-    from aclarena_slime.local.records import bind_engine
-    from aclarena_slime.sglang_client import SGLangClient, new_session
-
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model, seed=seed), served_name=SERVED)
-    table = ExpertTable.load(experts) if experts else None
-    async with engine.serve() as url, new_session() as session:
-        client = SGLangClient(url, session=session)
-        if table is not None:
-            await load_experts(client, table)
-        bound = EvalSuite(suite.name, tuple(dataclasses.replace(d, env_config=bind_engine(d.env_config, url, SERVED))
-                                            for d in suite.datasets))  # fmt: skip
-        settings = RunSettings(out_dir=out, stage=stage, concurrency=64, resume=True, save_tokens=False,
-                               base_for_missing_expert=True)  # fmt: skip
-        await run_suite(bound, client, engine.model.tokenizer, settings, table)
-    return out / "summary.json"
 
 
 def method_curriculum(config: ArenaConfig, name: str, base: Path) -> tuple[dict[str, Any], bool]:

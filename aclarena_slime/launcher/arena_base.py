@@ -1,4 +1,6 @@
-"""The arena's shared base model: the tiny model warm-started once on every domain's gold demos.
+"""The arena's local parts: its shared base model (the tiny model warm-started once on every domain's gold
+demos) and the evaluation of a stage's policy on the local engine. Here, beside the launcher, because they run
+the local backend (the curriculum imports no backend).
 
 The paper's methods all start from one model that already knows a little of every domain (Qwen3-8B-Base).
 On a CPU that model is the tiny one, its tokenizer trained on every domain's warm-start text, then fine-tuned
@@ -18,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.evaluation.suite import EvalSuite
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.records import bind_engine, stage_records
 from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.local.stage import prepare_model, tokenizer_texts
 from aclarena_slime.local.tiny_model import TinyShape
 from aclarena_slime.plugin.registry import get_environment
@@ -30,6 +34,8 @@ from aclarena_slime.rollout import Budgets, load_chat_tokens
 
 MODEL_DIR = "model"  # inside the base's folder: the warm-started model (a Hugging Face folder)
 REPORT = "base.json"
+SERVED = "local"  # the engine's served model name ({local_model} in an env's settings, e.g. retail's user)
+__all__ = ["BaseSettings", "LocalStageConfig", "build_base", "evaluate_policy", "local_config"]
 
 
 @dataclass
@@ -108,3 +114,26 @@ async def _examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[list[SftExa
     finally:
         await env.aclose()
     return examples, report.as_dict()
+
+
+async def evaluate_policy(suite: EvalSuite, model: Path, experts: str | None, out: Path, stage: str, seed: int) -> Path:
+    """Serve ``model`` (and the experts of the ``experts`` manifest) on the local engine; run ``suite``."""
+    from aclarena_slime.evaluation.runner import RunSettings, load_experts, run_suite
+    from aclarena_slime.experts import ExpertTable
+    from aclarena_slime.local.engine import LocalEngine
+    from aclarena_slime.local.generation import MultiLoraModel
+    from aclarena_slime.local.records import bind_engine
+    from aclarena_slime.sglang_client import SGLangClient, new_session
+
+    engine = LocalEngine(MultiLoraModel.from_pretrained(model, seed=seed), served_name=SERVED)
+    table = ExpertTable.load(experts) if experts else None
+    async with engine.serve() as url, new_session() as session:
+        client = SGLangClient(url, session=session)
+        if table is not None:
+            await load_experts(client, table)
+        bound = EvalSuite(suite.name, tuple(dataclasses.replace(d, env_config=bind_engine(d.env_config, url, SERVED))
+                                            for d in suite.datasets))  # fmt: skip
+        settings = RunSettings(out_dir=out, stage=stage, concurrency=64, resume=True, save_tokens=False,
+                               base_for_missing_expert=True)  # fmt: skip
+        await run_suite(bound, client, engine.model.tokenizer, settings, table)
+    return out / "summary.json"
