@@ -2,8 +2,11 @@
 
 A run is a curriculum manifest (sequential, replay, KL anchor, MLE: the forgetting matrix gives average
 accuracy, BWT, FWT and maximum forgetting; its stages' recorded ``cost`` gives rollout tokens and trainer
-steps) or one eval summary (MOPD, an oracle: only its average accuracy over domains). Written as
-Markdown, CSV, LaTeX and a bar plot by ``aclarena eval matrix --run METHOD=PATH ...``.
+steps) or one eval summary (MOPD, an oracle: only its average accuracy over domains). A manifest of
+independent stages (two or more, each started from the base, no experts: the oracles) is no chain: its
+row is each domain's accuracy after the stage that trained it alone. Every row also keeps the final
+accuracy per domain (``domains``: a chain's last row), so a method is compared with the oracles domain by
+domain. Written as Markdown, CSV, LaTeX and a bar plot by ``aclarena eval matrix --run METHOD=PATH ...``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import csv
 import io
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -36,6 +39,8 @@ class MethodRow:
     values: dict[str, float | int | None]
     stages: int  # 0 for a single model
     missing: list[str]  # stages without an eval summary yet
+    domains: dict[str, float | None] = field(default_factory=dict)  # final accuracy per domain
+    independent: bool = False  # the oracles: each domain's own stage, not a chain
 
 
 def load_run(method: str, path: str | Path, base: str | Path | None = None) -> MethodRow:
@@ -48,22 +53,47 @@ def load_run(method: str, path: str | Path, base: str | Path | None = None) -> M
     if not (isinstance(data, Mapping) and isinstance(data.get("stages"), list)):
         result = load_summary(path, stage=method)
         values = [v for v in result.domains.values() if v is not None]
-        return MethodRow(method, {"average_accuracy": mean(values) if values else None}, 0, [])
+        return MethodRow(method, {"average_accuracy": mean(values) if values else None}, 0, [], dict(result.domains))
     curriculum = from_manifest(path)
     if base is not None:
         curriculum = type(curriculum)(curriculum.stages, load_summary(base, stage="base"), curriculum.missing)
-    metrics = curriculum.matrix().metrics()
-    drops = [v for v in metrics["max_forgetting"].values() if v is not None]
     costs = [s.get("cost") or {} for s in data["stages"] if isinstance(s, Mapping)]
+    cost = {
+        "rollout_tokens": _total(c.get("rollout_tokens") for c in costs),
+        "trainer_steps": _total(c.get("trainer_steps") for c in costs),
+    }
+    if is_independent(data):
+        own = {s.trained: s.domains.get(s.trained) for s in curriculum.stages if s.trained}
+        known = [v for v in own.values() if v is not None]
+        row = {"average_accuracy": mean(known) if known else None, **cost}
+        return MethodRow(method, row, len(curriculum.stages), list(curriculum.missing), own, independent=True)
+    matrix = curriculum.matrix()
+    metrics = matrix.metrics()
+    drops = [v for v in metrics["max_forgetting"].values() if v is not None]
     values: dict[str, float | int | None] = {
         "average_accuracy": metrics["average_accuracy"],
         "bwt": metrics["bwt"],
         "fwt": metrics["fwt"],
         "max_forgetting": max(drops) if drops else None,
-        "rollout_tokens": _total(c.get("rollout_tokens") for c in costs),
-        "trainer_steps": _total(c.get("trainer_steps") for c in costs),
+        **cost,
     }
-    return MethodRow(method, values, len(curriculum.stages), list(curriculum.missing))
+    final = dict(zip(matrix.domains, matrix.values[-1], strict=True))
+    return MethodRow(method, values, len(curriculum.stages), list(curriculum.missing), final)
+
+
+def is_independent(manifest: Mapping[str, Any]) -> bool:
+    """Whether a manifest's stages are separate models: two or more, each from the base, no experts (oracles)."""
+    stages = [s for s in manifest.get("stages") or [] if isinstance(s, Mapping)]
+    return len(stages) > 1 and not manifest.get("experts") and all(not s.get("start_from") for s in stages)
+
+
+def domains_markdown(rows: Sequence[MethodRow]) -> str:
+    """Final accuracy per domain and method (the oracles: each domain's own stage)."""
+    domains = sorted({d for r in rows for d in r.domains})
+    lines = ["| Method | " + " | ".join(domains) + " |", "|---|" + "---|" * len(domains)]
+    for row in rows:
+        lines.append(f"| {row.method} | " + " | ".join(_cell("", row.domains.get(d)) for d in domains) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _total(values: Any) -> int | None:
@@ -127,9 +157,10 @@ def write_comparison(rows: Sequence[MethodRow], out_dir: str | Path) -> dict[str
         raise SourceError("no runs to compare")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table = [{"method": r.method, **r.values, "stages": r.stages, "missing_stages": r.missing} for r in rows]
+    table = [{"method": r.method, **r.values, "stages": r.stages, "missing_stages": r.missing,
+              "domains": r.domains, "independent": r.independent} for r in rows]  # fmt: skip
     files = {
-        "comparison.md": to_markdown(rows),
+        "comparison.md": to_markdown(rows) + "\nFinal accuracy per domain:\n\n" + domains_markdown(rows),
         "comparison.csv": to_csv(rows),
         "comparison.tex": to_latex(rows),
         "comparison.json": json.dumps({"methods": table}, indent=2) + "\n",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -260,16 +261,28 @@ def matrix_command(args: argparse.Namespace) -> int:
 
 
 def _comparison(args: argparse.Namespace) -> int:
-    """``--run METHOD=PATH ...``: one table across methods (``--base`` gives every curriculum its FWT)."""
+    """``--run METHOD=PATH ...``: one table across methods (``--base`` gives every curriculum its FWT), and per
+    curriculum its forgetting matrix, heatmap and curves in ``OUT/<method>/``."""
     from aclarena_slime.analysis.comparison import load_run, write_comparison
     from aclarena_slime.analysis.forgetting import MatrixError
-    from aclarena_slime.analysis.sources import SourceError
+    from aclarena_slime.analysis.report import table_columns, write_forgetting_report
+    from aclarena_slime.analysis.sources import SourceError, from_manifest, load_summary
 
     if args.manifest or args.summaries:
         raise CommandError("--run compares whole runs; give the stage summaries or --manifest without it")
     try:
-        rows = [load_run(method, path, args.base) for method, path in _pairs(args.run, "--run").items()]
+        runs = _pairs(args.run, "--run")
+        rows = [load_run(method, path, args.base) for method, path in runs.items()]
         report = write_comparison(rows, args.out)
+        for row in rows:
+            if not row.stages:  # a single model's summary: no matrix
+                continue
+            curriculum = from_manifest(runs[row.method])
+            if args.base:
+                curriculum = type(curriculum)(curriculum.stages, load_summary(args.base, stage="base"),
+                                              curriculum.missing, curriculum.monitor)  # fmt: skip
+            folder = args.out / re.sub(r"[^A-Za-z0-9_.-]+", "_", row.method)
+            write_forgetting_report(curriculum, folder, table_columns(curriculum, "domains"))
     except (SourceError, MatrixError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     if args.json:

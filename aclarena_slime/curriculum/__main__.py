@@ -1,3 +1,6 @@
-from aclarena_slime.curriculum.runner import main
+import sys
 
-raise SystemExit(main())
+from aclarena_slime.curriculum import arena, runner
+
+# An arena file (it lists methods) runs every method's curriculum; any other file is one curriculum.
+raise SystemExit((arena.main if len(sys.argv) > 1 and arena.is_arena(sys.argv[1]) else runner.main)())

@@ -224,14 +224,25 @@ def test_start_must_name_an_earlier_stage(tmp_path: Path):
 
 @pytest.mark.parametrize("path", sorted((RECIPES / "curriculum").glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_curricula_compose_every_stage(path: Path, tmp_path: Path):
+    import yaml
+
+    from aclarena_slime.curriculum.arena import is_arena, load_arena, method_curriculum
     from aclarena_slime.curriculum.config import load_curriculum, recipe_path
     from aclarena_slime.curriculum.runner import stage_recipe
 
-    config = load_curriculum(path, [f"output_dir={tmp_path}"])
-    for entry in config.stages:
-        assert recipe_path(path, entry).is_file()
-        recipe = stage_recipe(config, path, entry, None)
-        assert recipe.name == entry.name
+    files = [path]
+    if is_arena(path):  # an arena: every method's curriculum, as the arena writes it
+        arena = load_arena(path, [f"output_dir={tmp_path}"])
+        files = []
+        for name in arena.methods:
+            files.append(tmp_path / f"{name}.yaml")
+            files[-1].write_text(yaml.safe_dump(method_curriculum(arena, name, tmp_path / "base")[0]))
+    for file in files:
+        config = load_curriculum(file, [f"output_dir={tmp_path}"])
+        for entry in config.stages:
+            assert recipe_path(file, entry).is_file()
+            recipe = stage_recipe(config, file, entry, None)
+            assert recipe.name == entry.name
 
 
 @pytest.mark.slow

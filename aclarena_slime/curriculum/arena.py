@@ -1,0 +1,215 @@
+"""The arena: several methods run over the same stages from the same base model, every domain evaluated after
+every stage, so their forgetting matrices compare.
+
+An arena file (``recipes/curriculum/arena_local.yaml``) names the stages (a recipe per domain, with its
+sizing), the shared base (:mod:`aclarena_slime.launcher.arena_base`), the held-out evaluation and the methods (:mod:`.methods`, each a
+dotted path). For one seed, :func:`run_arena` builds the base (or reuses it), evaluates it (the base row, for
+FWT), then writes each method's curriculum file under ``<output_dir>/seed_<seed>/<method>/`` and runs it with
+the ordinary curriculum runner (resume included): the files say exactly what each method ran. After each
+stage the policy (its model folder, with the MLE experts so far) is served on the local engine and every
+domain's held-out demo prompts are rolled out greedily (:func:`policy_evaluator`). ``arena.json`` lists the
+manifests; ``aclarena eval matrix --run METHOD=MANIFEST ... --base BASE_SUMMARY`` compares them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from aclarena_slime.curriculum.methods import ArenaStage, MethodError, load_method
+from aclarena_slime.curriculum.runner import Evaluator, run_curriculum
+from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite
+from aclarena_slime.jsonl import write_json_atomic
+from aclarena_slime.launcher.arena_base import BaseSettings, LocalStageConfig, build_base, evaluate_policy, local_config
+from aclarena_slime.launcher.stage import local_profile
+from aclarena_slime.recipes.compose import RecipeError, load_recipe
+
+ARENA_FILE = "arena.json"
+
+
+@dataclass
+class MethodEntry:
+    method: str = MISSING  # dotted path of the method function (aclarena_slime.curriculum.methods.sequential)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ArenaConfig:
+    name: str = MISSING
+    output_dir: str = MISSING
+    seed: int = 0
+    overrides: list[str] = field(default_factory=list)  # every stage of every method
+    data: dict[str, str] = field(default_factory=dict)  # env tag -> its data folder (env_config.<tag>.data_dir)
+    stages: list[ArenaStage] = field(default_factory=list)
+    base: BaseSettings = field(default_factory=BaseSettings)
+    eval_size: int = 16  # held-out demo prompts per domain, evaluated after every stage
+    methods: dict[str, MethodEntry] = field(default_factory=dict)
+
+
+def is_arena(path: str | Path) -> bool:
+    """Whether the YAML at ``path`` is an arena file (it has ``methods``) rather than one curriculum."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "methods" in data
+
+
+def load_arena(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ArenaConfig:
+    """Read and check an arena file; ``overrides`` are dotted ``key=value`` pairs on it (``seed=1``)."""
+    path = Path(path)
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(ArenaConfig), OmegaConf.load(path), OmegaConf.from_dotlist(list(overrides))
+        )
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise RecipeError(f"{path}: required settings have no value: {', '.join(missing)}")
+        config: ArenaConfig = OmegaConf.to_object(merged)
+    except (OSError, OmegaConfBaseException, ValueError) as exc:
+        raise RecipeError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    if not config.stages or not config.methods:
+        raise RecipeError(f"{path}: an arena needs stages and methods")
+    if config.eval_size < 1:
+        raise RecipeError(f"{path}: eval_size must be positive, got {config.eval_size}")
+    root = path.resolve().parent
+    for stage in config.stages:  # relative to the arena file; the methods' curricula live elsewhere
+        stage.recipe = str((root / stage.recipe).resolve())
+    return config
+
+
+def seed_dir(config: ArenaConfig) -> Path:
+    return Path(config.output_dir).resolve() / f"seed_{config.seed}"
+
+
+def stage_overrides(config: ArenaConfig) -> list[str]:
+    """What every stage of every method gets: the local backend, the seed, the held-out size, no own warm start
+    (the base has had it)."""
+    data = [f"++env_config.{tag}.data_dir={folder}" for tag, folder in config.data.items()]
+    return ["cluster=local", *data, *config.overrides, f"++cluster.local.seed={config.seed}",
+            f"cluster.local.eval_size={config.eval_size}", "cluster.local.warm_start_steps=0"]  # fmt: skip
+
+
+def domain_configs(config: ArenaConfig) -> list[LocalStageConfig]:
+    """Each stage's local settings as its recipe compiles (its env, env settings and budgets)."""
+    out = []
+    for stage in config.stages:
+        overrides = [*stage_overrides(config), *stage.overrides, f"paths.runs={seed_dir(config) / 'probe'}"]
+        recipe = local_profile(stage.recipe, overrides, load_recipe(stage.recipe, overrides))
+        cfg = local_config(recipe)
+        if cfg.env != stage.name:
+            raise RecipeError(f"arena stage {stage.name!r} trains env {cfg.env!r}: name each stage by its env tag")
+        out.append(cfg)
+    return out
+
+
+def held_out_suite(configs: list[LocalStageConfig], size: int) -> EvalSuite:
+    """Every domain's held-out demo prompts (the records every local stage leaves out of training), greedy."""
+    datasets = tuple(
+        EvalDataset(
+            name=c.env,
+            env=c.env,
+            demo=size,
+            temperature=0.0,
+            max_response_len=c.eval_budget,
+            env_config=dict(c.env_config),
+        )  # fmt: skip
+        for c in configs
+    )
+    return EvalSuite("arena", datasets)
+
+
+def policy_evaluator(suite: EvalSuite, seed: int) -> Evaluator:
+    """Evaluate a finished stage's policy on ``suite``: its model folder (full fine-tuning: the policy itself),
+    with the curriculum's experts so far loaded and routed by tag (a domain without one runs on the model)."""
+
+    def evaluate(stage: str, entry: dict[str, Any], out: Path) -> Path:
+        model = entry.get("checkpoint") or (entry.get("metrics") or {}).get("model_dir")
+        if not model:
+            raise ValueError(f"stage {stage} left no model folder to evaluate")
+        return asyncio.run(evaluate_policy(suite, Path(model), entry.get("experts") or None, out, stage, seed))
+
+    return evaluate
+
+
+def method_curriculum(config: ArenaConfig, name: str, base: Path) -> tuple[dict[str, Any], bool]:
+    """The curriculum mapping method ``name`` makes of the arena's stages, and whether its stages are
+    independent models (the oracles)."""
+    made = load_method(config.methods[name].method)(config.stages, dict(config.methods[name].options))
+    if not isinstance(made, dict) or not made.get("stages"):
+        raise MethodError(f"method {name} ({config.methods[name].method}) returned no stages")
+    independent = bool(made.pop("independent", False))
+    curriculum = {
+        "name": f"{config.name}_{name}",
+        "output_dir": str(seed_dir(config) / name),
+        "overrides": [*stage_overrides(config), f"checkpoint.load={base}"],
+        "base": "base",
+        **made,
+    }
+    return curriculum, independent
+
+
+def run_arena(
+    file: str | Path, overrides: list[str] | tuple[str, ...] = (), only: list[str] | None = None
+) -> dict[str, Any]:
+    """Run the arena for the file's seed (every method, or ``only`` these); returns what ``arena.json`` holds."""
+    config = load_arena(file, overrides)
+    unknown = sorted(set(only or ()) - set(config.methods))
+    if unknown:
+        raise RecipeError(f"{file}: no method {unknown}; known: {sorted(config.methods)}")
+    out = seed_dir(config)
+    configs = domain_configs(config)
+    base = build_base(configs, config.base, out / "base", config.seed)
+    suite = held_out_suite(configs, config.eval_size)
+    base_eval = out / "base" / "eval"
+    if not (base_eval / "summary.json").is_file():
+        asyncio.run(evaluate_policy(suite, base, None, base_eval, "base", config.seed))
+    index_path = out / ARENA_FILE
+    index: dict[str, Any] = {"name": config.name, "seed": config.seed, "base_model": str(base),
+                             "base_eval": str(base_eval / "summary.json"), "methods": {}}  # fmt: skip
+    if index_path.is_file():
+        index["methods"] = yaml.safe_load(index_path.read_text()).get("methods", {})
+    for name in only or list(config.methods):
+        curriculum, independent = method_curriculum(config, name, base)
+        path = Path(curriculum["output_dir"]) / "curriculum.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(curriculum, sort_keys=False))
+        print(f"[arena] seed {config.seed}: method {name} ({path})", file=sys.stderr)
+        manifest = run_curriculum(path, evaluator=policy_evaluator(suite, config.seed))
+        index["methods"][name] = {"manifest": str(manifest.path), "independent": independent,
+                                  "method": config.methods[name].method}  # fmt: skip
+        write_json_atomic(index_path, index)
+    return index
+
+
+def matrix_command(index: dict[str, Any], out: Path) -> list[str]:
+    """The ``aclarena eval matrix`` command that compares an arena seed's methods."""
+    runs = [f"--run={name}={entry['manifest']}" for name, entry in index["methods"].items()]
+    return ["aclarena", "eval", "matrix", *runs, "--base", index["base_eval"], "--out", str(out)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from aclarena_slime.curriculum.runner import CurriculumFailed
+
+    parser = argparse.ArgumentParser(prog="launch/curriculum.sh", description="Run an arena: every method, one seed.")
+    parser.add_argument("arena", help="recipes/curriculum/arena_local.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the arena file, e.g. seed=1")
+    parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        index = run_arena(args.arena, args.overrides, args.methods)
+    except (RecipeError, MethodError, CurriculumFailed, ValueError) as exc:
+        print(f"curriculum.sh: {exc}", file=sys.stderr)
+        return 1
+    out = Path(index["base_model"]).parents[1] / "comparison"
+    print(f"[arena] done; compare the methods with:\n  {' '.join(matrix_command(index, out))}", file=sys.stderr)
+    return 0

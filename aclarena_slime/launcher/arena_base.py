@@ -1,0 +1,139 @@
+"""The arena's local parts: its shared base model (the tiny model warm-started once on every domain's gold
+demos) and the evaluation of a stage's policy on the local engine. Here, beside the launcher, because they run
+the local backend (the curriculum imports no backend).
+
+The paper's methods all start from one model that already knows a little of every domain (Qwen3-8B-Base).
+On a CPU that model is the tiny one, its tokenizer trained on every domain's warm-start text, then fine-tuned
+in full on the gold demo trajectories of every domain that has them (the local backend's warm start, all
+domains mixed in one SFT run). It is built once per seed and reused by every method: a method's difference
+from another is then only what its stages train. Domains without gold demos (retail) add nothing to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aclarena_slime.evaluation.suite import EvalSuite
+from aclarena_slime.jsonl import write_json_atomic
+from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
+from aclarena_slime.local.demos import demo_examples, load_demo_turns
+from aclarena_slime.local.records import bind_engine, stage_records
+from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
+from aclarena_slime.local.spec import local_config
+from aclarena_slime.local.stage import prepare_model, tokenizer_texts
+from aclarena_slime.local.tiny_model import TinyShape
+from aclarena_slime.plugin.registry import get_environment
+from aclarena_slime.rollout import Budgets, load_chat_tokens
+
+MODEL_DIR = "model"  # inside the base's folder: the warm-started model (a Hugging Face folder)
+REPORT = "base.json"
+SERVED = "local"  # the engine's served model name ({local_model} in an env's settings, e.g. retail's user)
+__all__ = ["BaseSettings", "LocalStageConfig", "build_base", "evaluate_policy", "local_config"]
+
+
+@dataclass
+class BaseSettings:
+    """The shared warm start: SFT steps over every domain's gold demos mixed, and the records per domain."""
+
+    steps: int = 600
+    records: int = 256  # gold demo records per domain
+    lr: float = 3.0e-3
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if min(self.steps, self.records, self.batch_size) < 1 or self.lr <= 0:
+            raise ValueError(f"base: steps, records and batch_size must be positive and lr > 0, got {self}")
+
+
+def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out: Path, seed: int) -> Path:
+    """The base model for ``seed`` in ``out`` (built when absent, else reused); ``configs``: one per domain."""
+    model = out / MODEL_DIR
+    if (model / "config.json").is_file() and (out / REPORT).is_file():
+        built = json.loads((out / REPORT).read_text())
+        if built.get("settings") != dataclasses.asdict(settings) or built.get("seed") != seed:
+            raise ValueError(
+                f"{out} holds a base built with {built.get('settings')} (seed {built.get('seed')}), not "
+                f"{dataclasses.asdict(settings)} (seed {seed}): choose another output_dir or remove it"
+            )
+        return model.resolve()
+    print(f"[arena] building the shared base model (seed {seed}) in {out}", file=sys.stderr)
+    demos = [
+        dataclasses.replace(c, seed=seed, warm_start_steps=settings.steps, warm_start_records=settings.records)
+        for c in configs
+        if c.warm_start_demos
+    ]
+    if not demos:
+        raise ValueError("the arena's base needs at least one domain with gold demos (cluster.local.warm_start_demos)")
+    first = demos[0]
+    if any(c.model != TINY_MODEL for c in configs):
+        raise ValueError("the arena's base is built from the tiny model (cluster.local.model=tiny in every stage)")
+    if first.torch_threads:  # as a local stage runs (1 is fastest for the tiny model)
+        import torch
+
+        torch.set_num_threads(first.torch_threads)
+    texts = [t for c in demos for t in asyncio.run(tokenizer_texts(c))]
+    shape = TinyShape(first.tiny_vocab_size, first.tiny_hidden_size, first.tiny_layers)
+    start = prepare_model(TINY_MODEL, out, seed, shape, texts)
+    examples: list[SftExample] = []
+    replays: dict[str, Any] = {}
+    for cfg in demos:
+        found, report = asyncio.run(_examples(cfg, start))
+        examples += found
+        replays[cfg.env] = report
+    sft = SftSettings(steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr,
+                      micro_batch_size=first.micro_batch_size)  # fmt: skip
+    backbone, report = warm_start(start, examples, sft, model, seed)
+    write_json_atomic(out / REPORT, {"seed": seed, "settings": dataclasses.asdict(settings), "demos": replays,
+                                     "sft": report})  # fmt: skip
+    return Path(backbone).resolve()
+
+
+async def _examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[list[SftExample], dict[str, Any]]:
+    """The gold demo trajectories of ``cfg``'s env (its warm-start records), as the stage's warm start makes them."""
+    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
+    try:
+        chat = load_chat_tokens(str(model_dir))
+        best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
+        end_of_turn = int(chat.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        examples, report = await demo_examples(
+            env,
+            chat,
+            stage_records(env, cfg).warm_start,
+            load_demo_turns(str(cfg.warm_start_demos)),
+            Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
+            best,
+            end_of_turn,
+        )
+    finally:
+        await env.aclose()
+    return examples, report.as_dict()
+
+
+async def evaluate_policy(suite: EvalSuite, model: Path, experts: str | None, out: Path, stage: str, seed: int) -> Path:
+    """Serve ``model`` (and the experts of the ``experts`` manifest) on the local engine; run ``suite``."""
+    from aclarena_slime.evaluation.runner import RunSettings, load_experts, run_suite
+    from aclarena_slime.experts import ExpertTable
+    from aclarena_slime.local.engine import LocalEngine
+    from aclarena_slime.local.generation import MultiLoraModel
+    from aclarena_slime.local.records import bind_engine
+    from aclarena_slime.sglang_client import SGLangClient, new_session
+
+    engine = LocalEngine(MultiLoraModel.from_pretrained(model, seed=seed), served_name=SERVED)
+    table = ExpertTable.load(experts) if experts else None
+    async with engine.serve() as url, new_session() as session:
+        client = SGLangClient(url, session=session)
+        if table is not None:
+            await load_experts(client, table)
+        bound = EvalSuite(suite.name, tuple(dataclasses.replace(d, env_config=bind_engine(d.env_config, url, SERVED))
+                                            for d in suite.datasets))  # fmt: skip
+        settings = RunSettings(out_dir=out, stage=stage, concurrency=64, resume=True, save_tokens=False,
+                               base_for_missing_expert=True)  # fmt: skip
+        await run_suite(bound, client, engine.model.tokenizer, settings, table)
+    return out / "summary.json"

@@ -1,0 +1,136 @@
+"""The arena: methods as plugins expanded into curricula, and a short run from the shared base to the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aclarena_slime.cli import main as cli
+from aclarena_slime.curriculum.arena import domain_configs, is_arena, load_arena, method_curriculum, run_arena
+from aclarena_slime.curriculum.config import load_curriculum
+from aclarena_slime.curriculum.methods import MethodError
+from aclarena_slime.recipes.compose import RecipeError
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes"
+
+# A method of the user's own, in the user's package: the sequential chain at half the learning rate from stage 2.
+PLUGIN = '''
+from aclarena_slime.curriculum.methods import FULL_FT, entry
+
+
+def gentle(stages, options):
+    """Sequential, but later stages train at ``lr`` (a gentler step keeps more of the earlier domains)."""
+    lr = options.get("lr", 5e-4)
+    return {"stages": [entry(s, FULL_FT, *([f"algorithm.lr={lr}"] if i else [])) for i, s in enumerate(stages)]}
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    (tmp_path / "my_methods.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_methods.gentle"
+
+
+def arena_file(tmp_path: Path, methods: dict, **extra) -> Path:
+    path = tmp_path / "arena.yaml"
+    data = {
+        "name": "t",
+        "output_dir": str(tmp_path / "out"),
+        "base": {"steps": 4, "records": 16, "batch_size": 8},
+        "eval_size": 2,
+        # tiny sizes: 1 GRPO step of 2 prompts x 2 samples per stage, short answers
+        "overrides": ["rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2"],
+        "stages": [
+            {"name": "math", "recipe": str(RECIPES / "stage1_math.yaml"), "overrides": ["rollout.num_rollout=1"]},
+            {
+                "name": "ifeval",
+                "recipe": str(RECIPES / "stage4_if.yaml"),
+                "overrides": ["rollout.num_rollout=1", "rollout.rollout_max_response_len=32"],
+            },
+        ],  # fmt: skip
+        "methods": methods,
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_method_plugin_becomes_a_curriculum_the_runner_reads(tmp_path, plugin):
+    path = arena_file(tmp_path, {"gentle": {"method": plugin, "options": {"lr": 2e-4}}})
+    assert is_arena(path) and not is_arena(RECIPES / "curriculum" / "replay.yaml")
+    config = load_arena(path)
+    curriculum, independent = method_curriculum(config, "gentle", tmp_path / "base")
+    assert not independent
+    assert curriculum["overrides"][-1] == f"checkpoint.load={tmp_path / 'base'}"  # every method from the base
+    math, ifeval = curriculum["stages"]
+    assert "algorithm.lr=0.0002" in ifeval["overrides"] and not any("lr" in o for o in math["overrides"])
+    written = tmp_path / "c.yaml"
+    written.write_text(yaml.safe_dump(curriculum))
+    loaded = load_curriculum(written)
+    assert [s.name for s in loaded.stages] == ["math", "ifeval"] and loaded.stages[1].start == "previous"
+
+
+def test_the_built_in_methods_differ_in_what_each_stage_trains(tmp_path):
+    methods = {name: {"method": f"aclarena_slime.curriculum.methods.{name}"}
+               for name in ("sequential", "replay", "kl_anchor", "mle", "oracles")}  # fmt: skip
+    config = load_arena(arena_file(tmp_path, methods))
+    made = {name: method_curriculum(config, name, tmp_path)[0] for name in methods}
+    assert made["replay"]["replay"]["enabled"] and "replay" not in made["sequential"]
+    kl = made["kl_anchor"]["stages"]
+    assert not any("use_kl_loss" in o for o in kl[0]["overrides"])  # stage 1 has no earlier policy to anchor to
+    assert "++algorithm.use_kl_loss=true" in kl[1]["overrides"]
+    assert [s.get("expert") for s in made["mle"]["stages"]] == ["math", "ifeval"]
+    assert all(s["start"] == "recipe" and "lora.enabled=true" in s["overrides"] for s in made["mle"]["stages"])
+    assert method_curriculum(config, "oracles", tmp_path)[1]  # independent models
+    assert all("lora.enabled=false" in s["overrides"] for s in made["sequential"]["stages"])
+
+
+def test_bad_methods_and_stages_are_named(tmp_path):
+    config = load_arena(arena_file(tmp_path, {"x": {"method": "no_such_module.fn"}}))
+    with pytest.raises(MethodError, match="cannot load the method 'no_such_module.fn'"):
+        method_curriculum(config, "x", tmp_path)
+    config = load_arena(arena_file(tmp_path, {"x": {"method": "aclarena_slime.curriculum.methods.kl_anchor",
+                                                    "options": {"coef": -1}}}))  # fmt: skip
+    with pytest.raises(MethodError, match="kl_anchor"):
+        method_curriculum(config, "x", tmp_path)
+    path = arena_file(tmp_path, {"s": {"method": "aclarena_slime.curriculum.methods.sequential"}})
+    data = yaml.safe_load(path.read_text())
+    data["stages"][0]["name"] = "arithmetic"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(RecipeError, match="stage 'arithmetic' trains env 'math'"):
+        domain_configs(load_arena(path))
+    with pytest.raises(RecipeError, match="no method"):
+        run_arena(path, only=["nope"])
+
+
+@pytest.mark.slow
+def test_a_short_arena_gives_every_method_a_matrix_and_a_row(tmp_path, plugin, capsys):
+    """Base -> (the user's method: a 2-stage chain; the oracles: each domain alone) -> the comparison."""
+    methods = {"gentle": {"method": plugin}, "oracles": {"method": "aclarena_slime.curriculum.methods.oracles"}}
+    index = run_arena(arena_file(tmp_path, methods))
+    base = Path(index["base_model"])
+    assert (base / "config.json").is_file() and json.loads((base.parent / "base.json").read_text())["sft"]
+    for name in methods:
+        manifest = json.loads(Path(index["methods"][name]["manifest"]).read_text())
+        assert [s["status"] for s in manifest["stages"]] == ["done", "done"]
+        assert all(s["eval"] for s in manifest["stages"])  # every stage evaluated on every domain
+    chain = json.loads(Path(index["methods"]["gentle"]["manifest"]).read_text())["stages"]
+    assert chain[0]["loaded"] == str(base) and chain[1]["start_from"] == "math"
+    out = tmp_path / "cmp"
+    runs = [f"--run={name}={entry['manifest']}" for name, entry in index["methods"].items()]
+    assert cli(["eval", "matrix", *runs, "--base", index["base_eval"], "--out", str(out), "--json"]) == 0
+    rows = {m["method"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
+    assert set(rows) == {"gentle", "oracles"} and rows["oracles"]["independent"]
+    assert set(rows["gentle"]["domains"]) == {"math", "ifeval"} and rows["gentle"]["bwt"] is not None
+    assert rows["gentle"]["trainer_steps"] == 2
+    matrix = json.loads((out / "gentle" / "matrix.json").read_text())
+    assert matrix["stages"] == ["math", "ifeval"] and all(v is not None for row in matrix["values"] for v in row)
+    assert (out / "gentle" / "heatmap.png").is_file() and "| gentle |" in (out / "comparison.md").read_text()
+    # run again: the base and every stage are done; nothing is trained twice
+    again = run_arena(arena_file(tmp_path, methods))
+    assert again["methods"] == index["methods"]
