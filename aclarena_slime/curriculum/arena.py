@@ -102,7 +102,7 @@ def domain_configs(config: ArenaConfig) -> list[LocalStageConfig]:
     out = []
     for stage in config.stages:
         overrides = [*stage_overrides(config), *stage.overrides, f"paths.runs={seed_dir(config) / 'probe'}"]
-        recipe = local_profile(stage.recipe, overrides, load_recipe(stage.recipe, overrides))
+        recipe = load_recipe(stage.recipe, overrides, local_profile(overrides, always=True))
         cfg = local_config(recipe)
         if cfg.env != stage.name:
             raise RecipeError(f"arena stage {stage.name!r} trains env {cfg.env!r}: name each stage by its env tag")

@@ -201,7 +201,8 @@ def test_a_stage_on_the_local_backend_gets_the_local_profile(tmp_path: Path):
     runner = FakeRunner()
     run_curriculum(path, runner=runner, evaluator=lambda *_: None)
     (recipe,) = runner.recipes
-    assert recipe.cluster.name == "local" and recipe.rollout.num_rollout == 2  # the local profile's
+    profile = yaml.safe_load((RECIPES / "profile" / "local.yaml").read_text())
+    assert recipe.cluster.name == "local" and recipe.rollout.num_rollout == profile["rollout"]["num_rollout"]
     search = recipe.env_config["search"]
     assert search["retriever_url"] is None  # no retriever to start
     assert (search["protocol"], search["reward"]) == ("search_r1", "em")  # the protocol its gold demos are in
