@@ -14,6 +14,8 @@ from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.recipes.compiler import compile_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+# The baselines' plumbing on the local backend, not learning: two GRPO steps and no demo warm start.
+_SHORT_LOCAL = "cluster=local, rollout.num_rollout=2, cluster.local.warm_start_steps=0"
 CURRICULA = RECIPES / "curriculum"
 
 
@@ -60,7 +62,7 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     """Two real stages on the local backend (tiny model): the second replays the first's env."""
     path = tmp_path / "replay.yaml"
     path.write_text(
-        f"name: replay_local\noutput_dir: {tmp_path / 'out'}\noverrides: [cluster=local, paths.root={tmp_path}]\n"
+        f"name: replay_local\noutput_dir: {tmp_path / 'out'}\noverrides: [{_SHORT_LOCAL}, paths.root={tmp_path}]\n"
         f"stages:\n  - {{name: r_math, recipe: {RECIPES}/stage1_math.yaml}}\n"
         f"  - {{name: r_if, recipe: {RECIPES}/stage4_if.yaml}}\n"
         "replay: {enabled: true, share: 0.5}\n"
@@ -111,7 +113,7 @@ def test_kl_anchor_pins_the_reference_even_where_a_recipe_names_the_base(tmp_pat
 def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path):
     path = tmp_path / "anchor.yaml"
     path.write_text(
-        f"name: anchor_local\noutput_dir: {tmp_path / 'out'}\noverrides: [cluster=local, paths.root={tmp_path}]\n"
+        f"name: anchor_local\noutput_dir: {tmp_path / 'out'}\noverrides: [{_SHORT_LOCAL}, paths.root={tmp_path}]\n"
         f"stages:\n  - {{name: a_math, recipe: {RECIPES}/stage1_math.yaml}}\n"
         f"  - {{name: a_if, recipe: {RECIPES}/stage4_if.yaml}}\n"
         "kl_anchor: {enabled: true, coef: 0.2}\n"
