@@ -26,10 +26,8 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import os
 import shutil
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ from aclarena_slime.local.stage import (
     to_train_sample,
     train_settings,
 )
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, publish_folder, staging_folder
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens
 
@@ -138,17 +136,10 @@ class MultiExpertTrainer:
     def save(self, name: str, directory: str | Path) -> Path:
         """Export expert ``name`` as its own PEFT folder, replacing ``directory`` atomically."""
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = directory.parent / f".{directory.name}.staging-{uuid.uuid4().hex[:8]}"
+        staging = staging_folder(directory)
         self.model.save_pretrained(str(staging), selected_adapters=[name])
         written = staging / name if (staging / name).is_dir() else staging  # PEFT nests a named adapter
-        if directory.exists():
-            retired = directory.parent / f".{directory.name}.retired-{uuid.uuid4().hex[:8]}"
-            os.replace(directory, retired)
-            os.replace(written, directory)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(written, directory)
+        publish_folder(written, directory)
         shutil.rmtree(staging, ignore_errors=True)
         return directory
 

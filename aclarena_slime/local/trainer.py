@@ -360,16 +360,27 @@ class PolicyTrainer:
         """Export the policy, replacing ``directory`` atomically (never half-written): the adapter as a PEFT
         directory, or with full fine-tuning the model as a Hugging Face folder (with its tokenizer)."""
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = directory.parent / f".{directory.name}.staging-{uuid.uuid4().hex[:8]}"
+        staging = staging_folder(directory)
         self.model.save_pretrained(str(staging))
         if self.full and self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(staging))
-        if directory.exists():
-            retired = directory.parent / f".{directory.name}.retired-{uuid.uuid4().hex[:8]}"
-            os.replace(directory, retired)
-            os.replace(staging, directory)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(staging, directory)
+        publish_folder(staging, directory)
         return directory
+
+
+def staging_folder(directory: Path) -> Path:
+    """A fresh sibling of ``directory`` to write its next version into (see :func:`publish_folder`)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    return directory.parent / f".{directory.name}.staging-{uuid.uuid4().hex[:8]}"
+
+
+def publish_folder(written: Path, directory: Path) -> None:
+    """Put the fully written folder ``written`` in place of ``directory`` by renames: a reader (the engine
+    loading an adapter, a resumed run) finds the old folder or the new one, never a half-written one."""
+    if directory.exists():
+        retired = directory.parent / f".{directory.name}.retired-{uuid.uuid4().hex[:8]}"
+        os.replace(directory, retired)
+        os.replace(written, directory)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(written, directory)
