@@ -69,7 +69,8 @@ def test_backend_shorthand_selects_local(tmp_path: Path, capsys):
 def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
     recipe = load_recipe(REPO / "recipes/mle_search.yaml", [f"paths.root={tmp_path}", "cluster=local"])
     cfg = local_config(recipe)
-    assert cfg.env == "search" and cfg.model == "tiny" and cfg.steps == 2
+    profile = yaml.safe_load((REPO / "recipes/profile/local.yaml").read_text())
+    assert cfg.env == "search" and cfg.model == "tiny" and cfg.steps == profile["rollout"]["num_rollout"]
     assert (cfg.lora.rank, cfg.lora.alpha, cfg.expert_name) == (16, 32.0, "search")
     assert "q_proj" in cfg.lora.hf_target_modules()  # Megatron names translated for PEFT
     assert cfg.env_config["max_turns"] == 5  # the recipe's env settings, under the local profile's (topk: 1)
