@@ -170,8 +170,11 @@ def test_the_same_seed_gives_the_same_metrics(tmp_path):
     # The trainer-vs-engine log-prob gap is a float32 rounding figure (~1e-7): the engine batches requests
     # as they arrive, and a matmul's rounding depends on the batch it runs in. Tokens, rewards and every
     # other metric repeat exactly; the gap repeats to well below what it diagnoses.
-    gaps = [[step.pop("logprob_mismatch") for step in m["steps"]] for m in (first, second)]
+    # The parity check's gap (step 0) is the same figure.
+    rounding = ("logprob_mismatch", "parity_mean_abs", "parity_max_abs")
+    gaps = [[step.pop(key) for step in m["steps"] for key in rounding if key in step] for m in (first, second)]
     assert first == second
+    assert len(gaps[0]) > len(first["steps"])  # the parity figures were there
     assert gaps[0] == pytest.approx(gaps[1], abs=1e-6)
     assert runs[0]["seed"] == 3 and json.loads((tmp_path / "0" / "mock" / "metrics.json").read_text())["seed"] == 3
 
