@@ -49,7 +49,14 @@ from aclarena_slime.local.stage import (
     to_train_sample,
     train_settings,
 )
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, publish_folder, staging_folder
+from aclarena_slime.local.trainer import (
+    PolicyTrainer,
+    TrainSample,
+    TrainSettings,
+    peft_lora_config,
+    publish_folder,
+    staging_folder,
+)
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens
 
@@ -91,7 +98,6 @@ class MultiExpertTrainer:
     ) -> MultiExpertTrainer:
         """Load the backbone once and add one fresh adapter per expert, each initialised from ``seed`` as
         :meth:`PolicyTrainer.build` initialises a lone expert (so side by side equals alone)."""
-        from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,13 +105,7 @@ class MultiExpertTrainer:
             raise ValueError("parallel MLE needs at least one expert")
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         for name, (_, lora) in experts.items():
-            config = PeftLoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.hf_target_modules()),
-                bias="none",
-            )
+            config = peft_lora_config(lora)
             torch.manual_seed(seed)  # the same draw as a lone expert's fresh adapter
             if hasattr(model, "add_adapter") and hasattr(model, "peft_config"):
                 model.add_adapter(name, config)

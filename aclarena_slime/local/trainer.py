@@ -198,7 +198,6 @@ class PolicyTrainer:
     ) -> PolicyTrainer:
         """Load the backbone; add a fresh adapter (or continue ``base_adapter``), or with ``lora`` None train
         every parameter."""
-        from peft import LoraConfig as PeftLoraConfig
         from peft import PeftModel, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -210,14 +209,7 @@ class PolicyTrainer:
         elif base_adapter is not None:
             model = PeftModel.from_pretrained(model, str(base_adapter), is_trainable=True)
         else:
-            config = PeftLoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.hf_target_modules()),
-                bias="none",
-            )
-            model = get_peft_model(model, config)
+            model = get_peft_model(model, peft_lora_config(lora))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return cls(model, settings, pad_id=int(pad or 0), full=lora is None, tokenizer=tokenizer)
@@ -384,3 +376,16 @@ def publish_folder(written: Path, directory: Path) -> None:
         shutil.rmtree(retired, ignore_errors=True)
     else:
         os.replace(written, directory)
+
+
+def peft_lora_config(lora: LoraConfig) -> Any:
+    """The recipe's LoRA settings as PEFT's config (Megatron module names translated): a fresh expert's."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.hf_target_modules()),
+        bias="none",
+    )
