@@ -21,6 +21,12 @@ RECIPE = str(REPO / "recipes" / "stage2_search.yaml")
 # (adapter_swap: versions, checksums) and the log-prob parity check before the first update (parity) joined
 # the route, while the slime side's three left it.
 MAX_MODULES = 62
+# The modules whose functions run for the stage (not at import), 31 of the library's and 7 of the search plugin's.
+MAX_ENTERED = 38
+# Calls from a lower layer into a higher one (tests/test_import_graph.py's LAYERS), as caller -> callee modules:
+# both are handed down, never imported: the local profile (launcher.stage) that compose applies, and the
+# typed config class (local.config) that plugin.settings.from_mapping builds.
+MAX_CLIMBS = 2
 
 
 def test_a_local_run_composes_its_recipe_once(tmp_path: Path, monkeypatch, capsys):
@@ -35,21 +41,26 @@ def test_a_local_run_composes_its_recipe_once(tmp_path: Path, monkeypatch, capsy
     assert "# local plan: env search" in out and f"{tmp_path}/runs/stage2_search/local" in out
 
 
-@pytest.mark.slow  # one tiny stage in a fresh interpreter
-def test_the_local_route_loads_few_of_our_modules(tmp_path: Path):
-    script = f"""
-import json, sys
-from aclarena_slime.launcher.stage import main
-rc = main([{RECIPE!r}, "paths.root={tmp_path}", "rollout.num_rollout=1", "rollout.rollout_batch_size=1",
-           "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=16", "++cluster.local.eval_size=1",
-           "++cluster.local.warm_start_steps=0", "++cluster.local.progress=false"])
-print(json.dumps([rc, sorted(m for m in sys.modules if m.split(".")[0] in ("aclarena_slime", "aclarena_envs"))]))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=False)
-    rc, modules = json.loads(done.stdout.strip().splitlines()[-1])
-    assert rc == 0, done.stderr[-2000:]
+@pytest.mark.slow  # one tiny stage in a fresh interpreter, traced (tests/route_trace.py)
+def test_the_local_route_loads_and_enters_few_of_our_modules(tmp_path: Path):
+    overrides = [f"paths.root={tmp_path}", "rollout.num_rollout=1", "rollout.rollout_batch_size=1",
+                 "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=16", "++cluster.local.eval_size=1",
+                 "++cluster.local.warm_start_steps=0", "++cluster.local.progress=false"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "route_trace.py"), "--json", RECIPE, *overrides],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    route = json.loads(done.stdout.strip().splitlines()[-1])
+    assert route["rc"] == 0, done.stderr[-2000:]
     assert (tmp_path / "runs" / "stage2_search" / "local" / "metrics.json").is_file()
+    loaded = route["loaded"]
     assert not [
-        m for m in modules if m.startswith(("aclarena_slime.launcher.hf_export", "aclarena_slime.recipes.flags"))
+        m for m in loaded if m.startswith(("aclarena_slime.launcher.hf_export", "aclarena_slime.recipes.flags"))
     ]
-    assert len(modules) <= MAX_MODULES, modules
+    assert len(loaded) <= MAX_MODULES, loaded
+    assert len(route["entered"]) <= MAX_ENTERED, sorted(route["entered"])
+    assert len(route["climbs"]) <= MAX_CLIMBS, route["climbs"]
