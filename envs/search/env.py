@@ -30,7 +30,7 @@ import logging
 import random
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.plugin.contract import (
     Conversation,
@@ -43,9 +43,8 @@ from aclarena_slime.plugin.contract import (
     Task,
 )
 
-from . import data, demo_corpus, routing
+from . import data, demo_corpus
 from .config import SearchConfig
-from .e5 import dense_encoder
 from .protocol import (
     INVALID_ACTION,
     STOP_STRINGS,
@@ -56,7 +55,9 @@ from .protocol import (
 )
 from .retriever import BM25Retriever, DenseRetriever, RemoteRetriever, Retriever, RetrieverError
 from .reward import exact_match, f1, gold_answers, trajectory_reward
-from .tool_episode import ToolSearchEpisode, protocol_settings
+
+if TYPE_CHECKING:
+    from .tool_episode import ToolSearchEpisode
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ def build_retriever(cfg: SearchConfig) -> Retriever:
     if cfg.retriever_url:
         return RemoteRetriever(cfg.retriever_url, timeout_s=cfg.retriever_timeout_s)
     if cfg.corpus and (cfg.encoder or cfg.e5_model):
+        from .e5 import dense_encoder  # the dense retriever's encoder: loaded by the runs that use one
+
         return DenseRetriever.from_corpus(cfg.corpus, dense_encoder(cfg), index_path=cfg.dense_index)
     if cfg.corpus:
         return BM25Retriever.from_corpus(cfg.corpus)
@@ -168,11 +171,14 @@ class SearchEnvironment(Environment):
         super().__init__(config)
         self.cfg = SearchConfig.from_mapping(self.config)
         self.max_turns = self.cfg.max_turns
-        stop, reward_range = protocol_settings(self.cfg)
-        if stop is not None:
-            self.stop = stop
-        if reward_range is not None:
-            self.reward_range = reward_range  # type: ignore[misc] - this instance's reward, not the class's
+        self._episode: type[SearchEpisode] | type[ToolSearchEpisode] = SearchEpisode
+        if self.cfg.protocol == "tool_call":  # its modules (episode, format, shaped rewards) load only for it
+            from .tool_episode import ToolSearchEpisode, protocol_settings
+
+            self._episode = ToolSearchEpisode
+            self.stop, reward_range = protocol_settings(self.cfg)
+            if reward_range is not None:
+                self.reward_range = reward_range  # type: ignore[misc] - this instance's reward, not the class's
         self._retriever: Retriever | None = None
         self._build_lock = threading.Lock()  # not an asyncio lock: the env may outlive one event loop
 
@@ -189,8 +195,7 @@ class SearchEnvironment(Environment):
                 self._retriever = build_retriever(self.cfg)
 
     async def start(self, task: Task) -> Episode:
-        episode = ToolSearchEpisode if self.cfg.protocol == "tool_call" else SearchEpisode
-        return episode(self, task, gold_answers(task.label_value))
+        return self._episode(self, task, gold_answers(task.label_value))
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Questions about the generated demo corpus, the one this env searches when none is configured.
@@ -207,6 +212,8 @@ class SearchEnvironment(Environment):
     @classmethod
     def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:
         """Half the demo records' prompts, half open-domain questions (:mod:`aclarena_envs.search.routing`)."""
+        from . import routing  # the router's training prompts: only the router asks for them
+
         demo = super().routing_prompts(n // 2, seed)
         return demo + routing.prompts(n - len(demo), seed)
 

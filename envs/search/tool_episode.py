@@ -39,10 +39,9 @@ from .tool_protocol import (
 NO_PASSAGE = "No passage matched the query. Try different words."
 
 
-def protocol_settings(cfg: SearchConfig) -> tuple[tuple[str, ...] | None, tuple[float, float] | None]:
-    """The stop strings and reward range the protocol and reward need (None: the env's defaults)."""
-    stop = TOOL_STOP_STRINGS if cfg.protocol == "tool_call" else None
-    return stop, (SHAPED_RANGE if cfg.reward in SHAPED else None)
+def protocol_settings(cfg: SearchConfig) -> tuple[tuple[str, ...], tuple[float, float] | None]:
+    """The tool-call protocol's stop strings, and the reward range its reward needs (None: the env's default)."""
+    return TOOL_STOP_STRINGS, (SHAPED_RANGE if cfg.reward in SHAPED else None)
 
 
 def tool_instruction(cfg: SearchConfig) -> str:
