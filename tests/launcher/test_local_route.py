@@ -3,6 +3,7 @@ its recipe once and loads only what the local backend needs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from aclarena_slime.launcher import backend, stage
+from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.recipes import compose
+from aclarena_slime.recipes.local_section import LocalBackendSettings
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "recipes" / "stage2_search.yaml")
@@ -69,3 +72,20 @@ def test_the_local_route_loads_and_enters_few_of_our_modules(tmp_path: Path):
     assert len(loaded) <= MAX_MODULES, loaded
     assert len(route["entered"]) <= MAX_ENTERED, sorted(route["entered"])
     assert len(route["climbs"]) <= MAX_CLIMBS, route["climbs"]
+
+
+def test_the_tracer_counts_a_call_handed_down_to_a_higher_layer_as_a_climb():
+    """The measure itself: the generic settings reader (plugin, layer 1) building a recipe section's type
+    (recipes, layer 6) enters both modules and climbs once."""
+    spec = importlib.util.spec_from_file_location("route_trace", REPO / "tests" / "route_trace.py")
+    assert spec is not None and spec.loader is not None
+    route_trace = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(route_trace)
+    trace = route_trace.RouteTrace()
+    sys.setprofile(trace)
+    try:
+        from_mapping(LocalBackendSettings, {}, "cluster.local keys")
+    finally:
+        sys.setprofile(None)
+    assert set(trace.entered) == {"aclarena_slime.plugin.settings", "aclarena_slime.recipes.local_section"}
+    assert trace.climbs == {("aclarena_slime.plugin.settings", "aclarena_slime.recipes.local_section")}
