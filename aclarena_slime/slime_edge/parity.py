@@ -45,7 +45,8 @@ def check_in_loss(
     response_lengths: list[int],
     **_: Any,
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
-    """slime's TIS function that corrects nothing: check the first micro-batch, return ``pg_loss`` as it came.
+    """slime's TIS function that corrects nothing: check the first micro-batch with loss-mask tokens, return
+    ``pg_loss`` as it came.
 
     The log-probs are this context-parallel rank's share of each response; the masks are whole responses.
     """
@@ -56,8 +57,9 @@ def check_in_loss(
             local(mask.float(), total, response)
             for mask, total, response in zip(loss_masks, total_lengths, response_lengths, strict=True)
         ]
-        _checked = True
-        _require(args, "first micro-batch, the loss's own forward", rollout_log_probs, train_log_probs, masks)
+        if any(bool(mask.any()) for mask in masks):  # a micro-batch of removed samples only: check the next one
+            _checked = True
+            _require(args, "first micro-batch, the loss's own forward", rollout_log_probs, train_log_probs, masks)
     return pg_loss, loss_masks, {}
 
 

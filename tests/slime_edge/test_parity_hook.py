@@ -87,6 +87,12 @@ def test_the_in_loss_check_returns_the_loss_unweighted_and_checks_once(capsys):
     assert "the loss's own forward: log-prob parity ok" in capsys.readouterr().out
     _tis_call(hook.check_in_loss, args, 5.0)  # once per process: later micro-batches train on
     hook._checked = False
+    empty = [torch.zeros(3, dtype=torch.int), torch.zeros(1, dtype=torch.int)]  # samples slime removed
+    hook.check_in_loss(args, pg_loss=torch.zeros(4), train_log_probs=_data(5.0)["log_probs"],
+                       rollout_log_probs=_data(0.0)["rollout_log_probs"], loss_masks=empty,
+                       total_lengths=[7, 5], response_lengths=[3, 1])  # fmt: skip
+    assert not hook._checked, "nothing to compare: the next micro-batch is checked"
+    hook._checked = False
     _tis_call(hook.check_in_loss, Namespace(aclarena_parity_tolerance=0.25), 0.2)
 
 
