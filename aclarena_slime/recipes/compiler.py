@@ -315,10 +315,7 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     flags.add("custom_megatron_init_path", hook_path("lora_megatron_init"), "lora.enabled")
     flags.add("only_train_params_name_list", [ADAPTER_PARAM_PATTERN], "lora.enabled")
     flags.add("dist_ckpt_strictness", "log_unexpected", "lora.enabled")  # a backbone checkpoint has no adapter keys
-    if config.staleness_budget is not None and "--rollout-data-postprocess-path" not in flags.origins:
-        # Versioned adapters: check at the first train step that the engine served what the trainer holds
-        # (aclarena_slime/slime_edge/parity.py; it compares where slime made a separate recompute).
-        flags.add("rollout_data_postprocess_path", hook_path("parity"), "lora.staleness_budget")
+    _parity_check(recipe, flags)
     flags.add("--sglang-enable-lora", True, "lora.enabled")
     flags.add("--sglang-max-lora-rank", config.rank, "lora.rank")
     flags.add("--sglang-lora-target-modules", config.hf_target_modules(), "lora.target_modules")
@@ -330,6 +327,25 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     out = config.to_dict()
     out["target_modules"] = list(config.target_modules)
     return out
+
+
+def _parity_check(recipe: StageRecipe, flags: _Flags) -> None:
+    """A LoRA stage checks at its first train step that the engine served the adapter the trainer holds
+    (aclarena_slime/slime_edge/parity.py). Without a mismatch correction the check sits in slime's TIS call,
+    which sees the loss's own forward when slime reuses it for the old log-probs (one optimiser step per
+    rollout) and returns the loss unweighted; with one, the TIS call is the correction's, and the check
+    compares slime's separate recompute where it made one."""
+    if recipe.algorithm.use_tis:
+        if "--rollout-data-postprocess-path" not in flags.origins:
+            flags.add("rollout_data_postprocess_path", hook_path("parity"), "lora.enabled with algorithm.use_tis")
+        return
+    if "--custom-tis-function-path" in flags.origins:
+        raise RecipeError(
+            f"{flags.origins['--custom-tis-function-path']} sets --custom-tis-function-path without "
+            "algorithm.use_tis; a LoRA stage uses that call for its parity check: set algorithm.use_tis=true or drop it"
+        )
+    flags.add("use_tis", True, "lora.enabled (the parity check's TIS call; no correction)")
+    flags.add("custom_tis_function_path", hook_path("parity_in_loss"), "lora.enabled")
 
 
 def _check_parallel_experts(recipe: StageRecipe, config: LoraConfig, flags: _Flags) -> None:

@@ -103,5 +103,9 @@ def monitor_eval_config(recipe: StageRecipe, policy_dir: str | None) -> tuple[di
         "datasets": {d.name: d.domain for d in watched},  # slime's eval results come keyed by dataset name
         "out_dir": f"{recipe.run_dir}/monitor",
         "policy_dir": policy_dir,
+        "temperatures": {d.name: d.temperature for d in watched},  # what the KL predictor scores at
+        # A LoRA stage's adapter starts from the base model its engine serves: the KL predictor's starting policy.
+        # Full fine-tuning: SGLang does not serve the starting checkpoint (the hook says so).
+        "kl_reference": {"lora_path": None} if recipe.lora.enabled else None,
     }
     return slime_eval_config(EvalSuite("monitor", own + watched), recipe.paths.data), section

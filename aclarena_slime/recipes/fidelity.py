@@ -12,7 +12,7 @@ say why we differ. Regenerate ``recipes/FIDELITY.md`` with::
 Keys of a row name where our value is read: ``--flag`` (the compiled command line; a switch is ``true``,
 a flag not passed is ``null``), ``custom.a.b`` (the custom config slime sets on ``args``),
 ``env.TAG.key`` (an env's settings), ``tis.key`` (the mismatch correction's settings when ``--use-tis``
-is on, else ``null``), ``recipe.a.b`` (the composed recipe), ``eval.DATASET.key`` (a dataset of the
+is on, else ``null``; a LoRA stage's ``--use-tis`` that only carries the parity check reads as off), ``recipe.a.b`` (the composed recipe), ``eval.DATASET.key`` (a dataset of the
 compiled ``--eval-config``), ``code.module:NAME`` (a constant of our code, for behaviour no setting
 holds: a prompt text). A run with ``suite:`` instead of ``recipe:`` is an evaluation suite; its keys are
 ``suite.DATASET.field`` (``suite.aime26.env_config.prompt``).
@@ -36,6 +36,7 @@ import yaml
 from aclarena_slime.recipes.compiler import REPO_ROOT, SlimeCommand, compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
 from aclarena_slime.recipes.schema import StageRecipe
+from aclarena_slime.slime_edge import path as hook_path
 
 DATA = REPO_ROOT / "recipes" / "fidelity" / "authors.yaml"
 TABLE = REPO_ROOT / "recipes" / "FIDELITY.md"
@@ -107,6 +108,8 @@ def compiled(recipe_file: str) -> tuple[StageRecipe, SlimeCommand]:
 
 def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
     """Our value of a row's key, from the compiled command (see the module docstring)."""
+    if key in _TIS_KEYS and _parity_only_tis(command):
+        return None
     if key.startswith("--"):
         argv = command.train_args
         if key not in argv:
@@ -123,7 +126,7 @@ def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
     if head == "env":
         return _dig(command.custom_config.get("aclarena_env_config") or {}, rest)
     if head == "tis":
-        if "--use-tis" not in command.train_args:
+        if "--use-tis" not in command.train_args or _parity_only_tis(command):
             return None
         from types import SimpleNamespace
 
@@ -145,6 +148,17 @@ def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
             value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
         return value
     raise FidelityError(f"key {key!r}: starts with --, custom., env., tis., recipe., eval. or code.")
+
+
+_TIS_KEYS = ("--use-tis", "--custom-tis-function-path")
+
+
+def _parity_only_tis(command: SlimeCommand) -> bool:
+    """``--use-tis`` that only reaches slime's TIS call for the parity check (``parity_in_loss``, which weights
+    nothing): no mismatch correction, so the table reads TIS as off."""
+    argv = command.train_args
+    flag = "--custom-tis-function-path"
+    return flag in argv and argv[argv.index(flag) + 1] == hook_path("parity_in_loss")
 
 
 def _dig(mapping: Mapping[str, Any], dotted: str) -> Any:

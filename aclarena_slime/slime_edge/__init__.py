@@ -36,6 +36,14 @@ class Hook:
     calls: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
 
 
+# slime/backends/megatron_utils/loss.py policy_loss_function: tis_func(**tis_kwargs)
+_TIS_CALLS = (
+    (
+        (),
+        ("args", "pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths", "response_lengths"),
+    ),
+)
+
 HOOKS: tuple[Hook, ...] = (
     Hook(
         "generate",
@@ -128,21 +136,14 @@ HOOKS: tuple[Hook, ...] = (
         "--custom-tis-function-path",
         f"{_EDGE}.tis.mismatch_tis",
         "slime.backends.megatron_utils.loss.vanilla_tis_function",
-        # slime/backends/megatron_utils/loss.py: tis_func(**tis_kwargs)
-        (
-            (
-                (),
-                (
-                    "args",
-                    "pg_loss",
-                    "train_log_probs",
-                    "rollout_log_probs",
-                    "loss_masks",
-                    "total_lengths",
-                    "response_lengths",
-                ),
-            ),
-        ),  # fmt: skip
+        _TIS_CALLS,
+    ),
+    Hook(
+        "parity_in_loss",
+        "--custom-tis-function-path",
+        f"{_EDGE}.parity.check_in_loss",
+        "slime.backends.megatron_utils.loss.vanilla_tis_function",
+        _TIS_CALLS,
     ),
     Hook(
         "parity",

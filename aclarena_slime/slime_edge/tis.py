@@ -5,6 +5,7 @@ Reads ``args.aclarena_tis`` (the recipe's ``custom.aclarena_tis``) and ``context
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ def mismatch_tis(
     whole responses (slime slices them itself). The veto and the normaliser need whole responses, so
     with context parallelism the log-probs are gathered first and the results sliced back.
     """
-    gather, local = _cp_functions(args)
+    gather, local = cp_functions(args)
     lengths = list(zip(total_lengths, response_lengths, strict=True))
     full_train = [gather(t, n, r) for t, (n, r) in zip(train_log_probs, lengths, strict=True)]
     full_rollout = [gather(t, n, r) for t, (n, r) in zip(rollout_log_probs, lengths, strict=True)]
@@ -43,8 +44,9 @@ def mismatch_tis(
     return pg_loss * weight, masks, {f"mis_{key}": flat(values).detach() for key, values in metrics.items()}
 
 
-def _cp_functions(args: Any):
-    """Gather-to-whole and slice-to-this-rank for each response; identities without context parallelism."""
+def cp_functions(args: Any) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+    """Gather-to-whole and slice-to-this-rank for each response, ``f(tensor, total_length, response_length)``;
+    identities without context parallelism (no slime import then)."""
     if int(getattr(args, "context_parallel_size", 1) or 1) <= 1:
         return (lambda tensor, total, response: tensor), (lambda tensor, total, response: tensor)
     from slime.backends.megatron_utils.cp_utils import all_gather_with_cp, slice_log_prob_with_cp

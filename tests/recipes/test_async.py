@@ -24,10 +24,9 @@ def test_async_recipe_runs_train_async_with_versioned_adapters(tmp_path: Path):
     assert "--colocate" not in args
     assert args[args.index("--rollout-num-gpus") + 1] == "8"
     assert all(flag in known_flags() for flag in args if flag.startswith("--"))  # slime's parser knows each
-    # The parity check at the first train step, with the recompute it compares against.
-    assert (
-        args[args.index("--rollout-data-postprocess-path") + 1] == "aclarena_slime.slime_edge.parity.check_first_batch"
-    )
+    # The parity check at the first train step, in slime's TIS call (the recipe applies no correction).
+    assert "--use-tis" in args
+    assert args[args.index("--custom-tis-function-path") + 1] == "aclarena_slime.slime_edge.parity.check_in_loss"
     # Not --get-mismatch-metrics: slime would then require and apply a TIS function, which this recipe turns off.
     assert "--get-mismatch-metrics" not in args
     lora = command.custom_config["aclarena_lora"]

@@ -106,3 +106,14 @@ def test_bad_rows_are_named(data):
     broken = {"runs": {"x": {"recipe": "stage1_math.yaml", "rows": [{"setting": "lr", "key": "--lr", "authrs": 1}]}}}
     with pytest.raises(FidelityError, match="unknown fields"):
         run_rows(broken, "x")
+
+
+def test_the_parity_checks_tis_call_reads_as_no_correction():
+    """A LoRA expert passes --use-tis only to reach slime's TIS call for its parity check: TIS stays off."""
+    recipe, command = fidelity.compiled("mle_math.yaml")
+    assert "--use-tis" in command.train_args
+    for key in ("--use-tis", "--custom-tis-function-path", "tis.cap"):
+        assert fidelity.our_value(key, recipe, command) is None, key
+    recipe, command = fidelity.compiled("stage2_search.yaml")  # a correction: read as it is
+    assert fidelity.our_value("--use-tis", recipe, command) is True
+    assert fidelity.our_value("tis.cap", recipe, command) == 2.0

@@ -74,7 +74,10 @@ def test_the_compiled_stage_routes_slimes_eval_results_to_the_alarm(tmp_path: Pa
 @pytest.mark.slow  # a few real PEFT adapters on the tiny model
 def test_keep_holds_the_adapter_of_the_last_check_before_the_fall(tmp_path: Path):
     section = _compiled(tmp_path, "mle_search.yaml", "++monitor.action=keep").custom_config["aclarena_monitor"]
-    args = SimpleNamespace(aclarena_monitor=section, skip_eval_before_train=False)
+    # slime's router address: the KL predictor's engine (these results carry no samples, so nothing is scored)
+    args = SimpleNamespace(
+        aclarena_monitor=section, skip_eval_before_train=False, sglang_router_ip="::1", sglang_router_port=1
+    )
     policy = Path(section["policy_dir"])
     _adapter(policy, seed=0)
     assert hook.log_eval(0, args, _eval([1.0, 1.0, 0.0, 0.0]), None) is False  # the baseline, step 0: 50 points
