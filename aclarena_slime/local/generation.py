@@ -24,7 +24,7 @@ import torch
 from aclarena_slime.adapter_swap import AdapterSwapError, split_version, verify_checksum
 from aclarena_slime.experts import validate_adapter_name
 from aclarena_slime.local.config import EngineSettings
-from aclarena_slime.local.forward import BatchForward, KVCache, LoraBatch, LoraWeights, UnsupportedModel
+from aclarena_slime.local.forward import BatchForward, KVCache, LoraWeights, UnsupportedModel
 from aclarena_slime.local.sampling import sample
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
@@ -332,14 +332,14 @@ class MultiLoraModel:
                 request.length = len(request.ids)
             lengths = torch.tensor([len(r.ids) for r in admitted])
             first = len(running)
-            logits = self.forward.prefill(ids, lengths, cache, first, self._lora_batch(admitted, 2))
+            logits = self.forward.prefill(ids, lengths, cache, first, self._adapters(admitted))
             running.extend(admitted)
             self._advance(logits, first, cache)
         if running:
             cache.fit(max(r.length for r in running) + 1)
             tokens = torch.tensor([r.out[-1] for r in running])
             lengths = torch.tensor([r.length for r in running])
-            logits = self.forward.decode(tokens, lengths, cache, self._lora_batch(running, 1))
+            logits = self.forward.decode(tokens, lengths, cache, self.forward.lora_batch(self._adapters(running)))
             for request in running:
                 request.length += 1
             self._advance(logits, 0, cache)
@@ -400,8 +400,8 @@ class MultiLoraModel:
         message = "the engine is shutting down" if self.closing else "aborted by /abort_request"
         return {"type": ABORT, "message": message}
 
-    def _lora_batch(self, rows: list[Request], rows_dims: int) -> LoraBatch:
-        return self.forward.lora_batch([None if r.adapter is None else self._lora[r.adapter] for r in rows], rows_dims)
+    def _adapters(self, rows: list[Request]) -> list[LoraWeights | None]:
+        return [None if r.adapter is None else self._lora[r.adapter] for r in rows]
 
     def _stop_string(self, out: list[int], stops: tuple[str, ...]) -> str | None:
         if not stops:
