@@ -89,75 +89,48 @@ def _read_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 class LoraBatch:
-    """The adapters of a batch's rows, applied as one low-rank update per projection.
+    """The adapters of a batch's rows, applied to each run of consecutive rows on one adapter.
 
-    The used adapters' ``A`` are stacked ([sum of ranks, in]) and their ``B`` side by side
-    ([sum of ranks, out]); a 0/1 mask keeps, for each row, the rank columns of its own adapter (none
-    for a row on the base model). Two matmuls and a multiply per projection whatever the mix: on CPU
-    that measured faster than gathering each row's weights (a batched matmul over copies) or
-    indexing the rows of each adapter in and out (``docs/local-engine.md``). When the rows of each
-    adapter are contiguous (a prefill, whose rows the engine orders by adapter), ``segments`` apply
-    each adapter to its slice of rows only, and rows on the base model cost nothing.
+    The engine keeps the rows of each adapter contiguous (see ``MultiLoraModel``), so a batch is a few
+    runs: each adapter's update is two matmuls over its own rows per fused projection (q/k/v together,
+    gate/up together: ``A`` side by side, ``B`` block-diagonal), and rows on the base model cost
+    nothing. On CPU that measured faster than a 0/1 mask over every row's rank columns and than a
+    per-row gather of the adapter weights (``docs/local-engine.md``).
     """
 
-    def __init__(
-        self,
-        used: tuple[LoraWeights, ...],
-        mask: torch.Tensor | None,
-        stacks: dict,
-        segments: list[tuple[int, int, LoraWeights]] | None = None,
-    ) -> None:
-        self.used, self.mask, self._stacks, self.segments = used, mask, stacks, segments
-        self._masks: dict[int, torch.Tensor] = {}  # the mask repeated for k projections side by side
+    def __init__(self, segments: list[tuple[int, int, LoraWeights]], stacks: dict) -> None:
+        self.segments, self._stacks = segments, stacks
 
     def apply(
         self, names: tuple[str, ...], widths: tuple[int, ...], x: torch.Tensor, out: torch.Tensor
     ) -> torch.Tensor:
-        """Add the update of projections ``names`` (of input ``x``) to ``out``, their outputs side by side."""
-        if not self.used:
-            return out
-        if self.segments is not None:
-            starts = [sum(widths[:j]) for j in range(len(names))]
-            for first, end, lora in self.segments:
-                for name, start, width in zip(names, starts, widths, strict=True):
-                    ab = lora.layers.get(name)
-                    if ab is not None:
-                        out[first:end, start : start + width] += (x[first:end] @ ab[0]) @ ab[1]
-            return out
-        key = (self.used, names)
-        stack = self._stacks.get(key)
-        if stack is None:
-            stack = self._stacks[key] = self._stack(names, widths, x.shape[-1])
-        if stack is None:
-            return out
-        low = x @ stack[0]
-        if self.mask is not None:
-            mask = self._masks.get(len(names))
-            if mask is None:
-                mask = self._masks[len(names)] = self.mask.repeat(1, len(names))
-            low = low * mask
-        return out.addmm_(low, stack[1])
+        """Add the update of projections ``names`` (of input ``x`` [rows, in]) to ``out``, their outputs side by side."""
+        for first, end, lora in self.segments:
+            key = (lora, names)
+            if key not in self._stacks:
+                self._stacks[key] = _stack(lora, names, widths, x.shape[-1])
+            stack = self._stacks[key]
+            if stack is not None:
+                out[first:end].addmm_(x[first:end] @ stack[0], stack[1])
+        return out
 
-    def _stack(
-        self, names: tuple[str, ...], widths: tuple[int, ...], d_in: int
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A [in, k*R] and block-diagonal B [k*R, sum of widths] for k projections over the used adapters."""
-        if all(name not in lora.layers for lora in self.used for name in names):
-            return None
-        rank = sum(lora.rank for lora in self.used)
-        a = torch.zeros(d_in, rank * len(names))
-        b = torch.zeros(rank * len(names), sum(widths))
-        column = 0
-        for j, (name, width) in enumerate(zip(names, widths, strict=True)):
-            r = j * rank
-            for lora in self.used:
-                ab = lora.layers.get(name)
-                if ab is not None:
-                    a[:, r : r + lora.rank] = ab[0]
-                    b[r : r + lora.rank, column : column + width] = ab[1]
-                r += lora.rank
-            column += width
-        return a, b
+
+def _stack(
+    lora: LoraWeights, names: tuple[str, ...], widths: tuple[int, ...], d_in: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``A`` [in, k*r] and block-diagonal ``B`` [k*r, sum of widths] of one adapter on k projections."""
+    if all(name not in lora.layers for name in names):
+        return None
+    a = torch.zeros(d_in, lora.rank * len(names))
+    b = torch.zeros(lora.rank * len(names), sum(widths))
+    column = 0
+    for j, (name, width) in enumerate(zip(names, widths, strict=True)):
+        ab = lora.layers.get(name)
+        if ab is not None:
+            a[:, j * lora.rank : (j + 1) * lora.rank] = ab[0]
+            b[j * lora.rank : (j + 1) * lora.rank, column : column + width] = ab[1]
+        column += width
+    return a, b
 
 
 class KVCache:
@@ -182,10 +155,11 @@ class KVCache:
             new[:, :, :keep] = old[:, :, :keep]
         self.k, self.v, self.capacity = k, v, want
 
-    def move(self, src: int, dst: int) -> None:
-        """Copy row ``src`` over row ``dst`` (a sequence leaving makes room for the last one)."""
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Copy rows ``src`` over rows ``dst`` (all read before any is written)."""
+        source, target = torch.tensor(src), torch.tensor(dst)
         for t in self.k + self.v:
-            t[dst] = t[src]
+            t.index_copy_(0, target, t.index_select(0, source))
 
     def clear(self) -> None:
         self.k, self.v, self.capacity = [], [], 0
@@ -208,7 +182,7 @@ class BatchForward:
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.scaling = float(attn.scaling)
-        self._stacks: dict = {}  # (adapters, projection) -> stacked LoRA weights, see LoraBatch
+        self._stacks: dict = {}  # (adapter, projections) -> its stacked LoRA weights, see LoraBatch
         # q/k/v and gate/up as one matmul each; the modules' weights become views of the fused ones.
         self.fused = []
         for layer in self.layers:
@@ -225,28 +199,17 @@ class BatchForward:
 
     def lora_batch(self, adapters: Sequence[LoraWeights | None]) -> LoraBatch:
         """The LoRA update of activations [rows, features] whose rows are on ``adapters`` (None: the base model)."""
-        used = tuple(dict.fromkeys(a for a in adapters if a is not None))
-        if len(self._stacks) > 16:  # a few mixes recur (one per step); drop stale ones wholesale
-            self._stacks.clear()
-        if not used or all(a is used[0] for a in adapters):
-            return LoraBatch(used, None, self._stacks)
-        runs = [(row, a) for row, a in enumerate(adapters) if row == 0 or a is not adapters[row - 1]]
-        if len(runs) <= len(used) + 1:  # each adapter's rows are contiguous
-            ends = [row for row, _ in runs[1:]] + [len(adapters)]
-            segments = [(row, end, a) for (row, a), end in zip(runs, ends, strict=True) if a is not None]
-            return LoraBatch(used, None, self._stacks, segments)
-        mask = torch.zeros(len(adapters), sum(a.rank for a in used))
-        starts, offset = {}, 0
-        for a in used:
-            starts[a], offset = offset, offset + a.rank
-        for row, a in enumerate(adapters):
-            if a is not None:
-                mask[row, starts[a] : starts[a] + a.rank] = 1.0
-        return LoraBatch(used, mask, self._stacks)
+        segments, start = [], 0
+        for row in range(1, len(adapters) + 1):
+            if row == len(adapters) or adapters[row] is not adapters[start]:
+                if adapters[start] is not None:
+                    segments.append((start, row, adapters[start]))
+                start = row
+        return LoraBatch(segments, self._stacks)
 
     def forget(self, lora: LoraWeights) -> None:
-        """Drop the stacked weights that include an adapter being unloaded."""
-        for key in [k for k in list(self._stacks) if lora in k[0]]:  # list(): the worker may add one meanwhile
+        """Drop the stacked weights of an adapter being unloaded."""
+        for key in [k for k in list(self._stacks) if k[0] is lora]:  # list(): the worker may add one meanwhile
             self._stacks.pop(key, None)
 
     def prefill(
@@ -254,10 +217,10 @@ class BatchForward:
         ids: torch.Tensor,
         lengths: torch.Tensor,
         cache: KVCache,
-        first: int,
+        slots: torch.Tensor,
         adapters: Sequence[LoraWeights | None],
     ) -> torch.Tensor:
-        """Run right-padded prompts ``ids`` [n, L] into cache rows ``first..first+n``; logits at each prompt's end.
+        """Run right-padded prompts ``ids`` [n, L] into cache rows ``slots`` [n]; logits at each prompt's end.
 
         The projections run over the prompts' real tokens only, packed into [tokens, hidden]: prompts
         of varied length padded to the longest are mostly padding (45% for the benchmark's 64), and
@@ -277,8 +240,8 @@ class BatchForward:
 
         for i, layer in enumerate(self.layers):
             q, k, v = (padded(t) for t in self._qkv(layer, i, x, rope, lora, (len(index),)))
-            cache.k[i][first : first + n, :, :length] = k
-            cache.v[i][first : first + n, :, :length] = v
+            cache.k[i][slots, :, :length] = k
+            cache.v[i][slots, :, :length] = v
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
             x = self._rest(layer, i, x, attn.transpose(1, 2).reshape(n * length, -1)[index], lora)
         return self._logits(x[lengths.cumsum(0) - 1], self.lora_batch(adapters))
@@ -290,8 +253,10 @@ class BatchForward:
         cache is most of the memory a step reads, and it grows in chunks of ``CACHE_CHUNK``.
         """
         n = tokens.shape[0]
-        rows = torch.arange(n)
         live = int(lengths.max()) + 1
+        # Where each row's new key/value goes in the cache seen as [slots * kv_heads * capacity, head_dim].
+        at = ((torch.arange(n) * self.kv_heads).unsqueeze(1) + torch.arange(self.kv_heads)) * cache.capacity
+        at = (at + lengths.unsqueeze(1)).flatten()
         x = self.inner.embed_tokens(tokens)  # [n, hidden]
         rope = self._rope(x, lengths.unsqueeze(1))
         hidden = (torch.arange(live) > lengths.unsqueeze(1)).view(n, 1, 1, live)
@@ -299,8 +264,8 @@ class BatchForward:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, i, x, rope, lora, (n,))  # [n, heads, hd]
             keys, values = cache.k[i], cache.v[i]
-            keys[rows, :, lengths] = k
-            values[rows, :, lengths] = v
+            keys.view(-1, self.head_dim).index_copy_(0, at, k.reshape(-1, self.head_dim))
+            values.view(-1, self.head_dim).index_copy_(0, at, v.reshape(-1, self.head_dim))
             q = q.view(n, self.kv_heads, group, self.head_dim)
             scores = torch.matmul(q, keys[:n, :, :live].transpose(-1, -2)).mul_(self.scaling)  # [n, kv, group, live]
             probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
