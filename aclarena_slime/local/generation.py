@@ -147,7 +147,8 @@ class MultiLoraModel:
 
     :meth:`submit` is thread-safe and returns at once; a worker thread (started on demand, gone when
     idle) admits queued requests with one batched prefill and then advances every running request by
-    one token per forward, each on its own adapter (or none).
+    one token per forward, each on its own adapter (or none). Row ``i`` of the batch is slot ``i`` of the
+    KV cache, and each adapter's rows are kept contiguous (see :meth:`_place`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, seed: int = 0, settings: EngineSettings | None = None) -> None:
