@@ -197,3 +197,24 @@ def test_an_adapter_the_engine_cannot_reproduce_is_refused(engine_model, adapter
     (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
     with pytest.raises(GenerationError, match="use_dora"):
         engine_model.load_adapter("dora", dora)
+
+
+def test_a_weight_update_reaches_the_batched_forward(engine_model, tiny_model_dir):
+    """The forward's fused q/k/v and gate/up weights are the model's own: an in-place update (the trainer's
+    ``sync_weights`` is ``load_state_dict``) changes what the engine computes."""
+    from transformers import AutoModelForCausalLM
+
+    from aclarena_slime.local.generation import token_log_probs
+
+    trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+        engine_model.base.load_state_dict(trained.state_dict())
+    ids = engine_model.tokenizer.encode("What is 2 + 2?")
+    result = engine_model.submit(ids, SamplingParams(max_new_tokens=6, sampling_seed=3)).future.result(timeout=120)
+    with torch.inference_mode():
+        logits = trained(input_ids=torch.tensor([ids + result.output_ids])).logits[0, len(ids) - 1 : -1]
+    expected = token_log_probs(logits, torch.tensor(result.output_ids), 1.0)
+    assert result.log_probs == pytest.approx(expected.tolist(), abs=2e-3)
