@@ -393,7 +393,7 @@ class MultiLoraModel:
         take their keys and values along; a row already inside its adapter's range stays, so a row
         leaving or joining moves about one row per adapter. Returns each row's slot.
         """
-        slots: list[int | None] = [None] * len(rows)
+        slots = [-1] * len(rows)  # -1: not placed yet
         order = sorted(range(len(rows)), key=lambda j: _group(rows[j]))
         start = 0
         while start < len(order):
@@ -407,7 +407,7 @@ class MultiLoraModel:
             taken = {slots[j] for j in members}
             free = iter(p for p in range(start, end) if p not in taken)
             for j in members:
-                if slots[j] is None:
+                if slots[j] < 0:
                     slots[j] = next(free)
             start = end
         moves = [(o, n) for o, n in zip(old, slots, strict=False) if o != n]
@@ -417,7 +417,7 @@ class MultiLoraModel:
         for request, slot in zip(rows, slots, strict=True):
             running[slot] = request
         self._running = running
-        return slots  # type: ignore[return-value]  # every slot is set by now
+        return slots
 
     def _finish(self, request: Request, finish: dict[str, Any]) -> None:
         self._release(request)
