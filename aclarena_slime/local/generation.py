@@ -304,17 +304,16 @@ class MultiLoraModel:
     def _admit(self) -> list[Request]:
         """Queued requests that join the batch now (called with the lock held); aborted ones end here."""
         admitted: list[Request] = []
-        longest = 0
+        tokens = 0  # real prompt tokens, as SGLang counts them: the packed prefill runs no padding through its matmuls
         while self._waiting and len(self._running) + len(admitted) < self.settings.max_running_requests:
             request = self._waiting[0]
             if request.aborted or self.closing:
                 self._waiting.popleft()
                 self._finish(request, self._abort_reason())
                 continue
-            padded = (len(admitted) + 1) * max(longest, len(request.ids))
-            if admitted and padded > self.settings.max_prefill_tokens:
+            if admitted and tokens + len(request.ids) > self.settings.max_prefill_tokens:
                 break
-            longest = max(longest, len(request.ids))
+            tokens += len(request.ids)
             admitted.append(self._waiting.popleft())
         return admitted
 

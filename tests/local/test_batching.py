@@ -218,3 +218,43 @@ def test_a_weight_update_reaches_the_batched_forward(engine_model, tiny_model_di
         logits = trained(input_ids=torch.tensor([ids + result.output_ids])).logits[0, len(ids) - 1 : -1]
     expected = token_log_probs(logits, torch.tensor(result.output_ids), 1.0)
     assert result.log_probs == pytest.approx(expected.tolist(), abs=2e-3)
+
+
+def test_max_prefill_tokens_counts_real_prompt_tokens(tiny_model_dir):
+    """SGLang's prefill budget counts real tokens: a long and a short prompt join even when padded they would not."""
+    long, short = list(range(5, 45)), [5, 6]
+    model = MultiLoraModel.from_pretrained(
+        tiny_model_dir, settings=EngineSettings(max_prefill_tokens=len(long) + len(short))
+    )
+    rows = []
+    prefill = model.forward.prefill
+
+    def counted(ids, *args):
+        rows.append(ids.shape[0])
+        return prefill(ids, *args)
+
+    model.forward.prefill = counted
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True)
+    with model._cond:  # all three queued before the worker admits any
+        requests = [model.submit(ids, params) for ids in (long, short, short)]
+    for request in requests:
+        request.future.result()
+    assert rows == [2, 1]  # 42 real tokens fit the budget of 42 (80 padded would not); the third waits
+
+
+def test_prefill_of_prompts_of_many_lengths_matches_a_plain_forward(engine_model):
+    """The prefill attends per group of similar length (padded within a group, packed across groups)."""
+    forward = engine_model.forward
+    prompts = [list(range(7, 7 + n)) for n in (3, 40, 9, 10, 10, 17, 38)]  # groups with and without padding
+    ids = torch.zeros(len(prompts), 40, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, : len(p)] = torch.tensor(p)
+    cache = forward.new_cache(len(prompts))
+    cache.fit(40)
+    with torch.inference_mode():
+        logits = forward.prefill(
+            ids, torch.tensor([len(p) for p in prompts]), cache, torch.arange(len(prompts)), [None] * len(prompts)
+        )
+        for row, p in enumerate(prompts):
+            expected = engine_model.base(input_ids=torch.tensor([p])).logits[0, -1]
+            assert torch.allclose(logits[row], expected, atol=1e-4), f"prompt of {len(p)} tokens"
