@@ -352,8 +352,9 @@ def _fuse(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
 def _rms_scaled(x: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / rms(x)`` over the last dimension (RMSNorm before its weight), as a new tensor.
 
-    The mean square comes from ``vector_norm``: ``F.rms_norm``'s pow-and-mean measured 2-4x slower on a
-    prefill's [3,000, 256] (and slower on a 64-row step), for a difference of an ulp or two.
+    The mean square comes from ``vector_norm``: ``F.rms_norm`` (pow, mean, rsqrt, two muls) measured
+    several times slower on a prefill's [3,000, 256] and about the same on a 64-row step, for a
+    difference of an ulp or two (``docs/local-engine.md``).
     """
     square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
     return x * square.add_(eps).rsqrt_()
