@@ -37,9 +37,9 @@ class EngineSettings:
     """How much the embedded engine batches (SGLang's server-argument names).
 
     ``max_running_requests``: sequences decoding together, one forward per step for all of them; more
-    wait in a queue. ``max_prefill_tokens``: the most prompt tokens (padded) one prefill forward takes,
-    so a burst of long prompts joins over a few steps instead of stalling the decode; a longer prompt
-    still runs, alone. The defaults suit a 2-core laptop and the tiny models: one GRPO step of
+    wait in a queue. ``max_prefill_tokens``: the most prompt tokens one prefill takes (real tokens, as
+    SGLang counts them: the prefill is packed), so a burst of long prompts joins over a few steps
+    instead of stalling the decode; a longer prompt still runs, alone. The defaults suit a 2-core laptop and the tiny models: one GRPO step of
     8 prompts x 8 samples decodes as one batch (``docs/local-engine.md`` has the measurements).
     """
 

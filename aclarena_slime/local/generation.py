@@ -24,7 +24,7 @@ import torch
 from aclarena_slime.adapter_swap import AdapterSwapError, split_version, verify_checksum
 from aclarena_slime.experts import validate_adapter_name
 from aclarena_slime.local.config import EngineSettings
-from aclarena_slime.local.forward import BatchForward, KVCache, LoraBatch, LoraWeights, UnsupportedModel
+from aclarena_slime.local.forward import BatchForward, KVCache, LoraWeights, UnsupportedModel
 from aclarena_slime.local.sampling import sample
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
@@ -147,7 +147,8 @@ class MultiLoraModel:
 
     :meth:`submit` is thread-safe and returns at once; a worker thread (started on demand, gone when
     idle) admits queued requests with one batched prefill and then advances every running request by
-    one token per forward, each on its own adapter (or none).
+    one token per forward, each on its own adapter (or none). Row ``i`` of the batch is slot ``i`` of the
+    KV cache, and each adapter's rows are kept contiguous (see :meth:`_place`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, seed: int = 0, settings: EngineSettings | None = None) -> None:
@@ -303,50 +304,48 @@ class MultiLoraModel:
     def _admit(self) -> list[Request]:
         """Queued requests that join the batch now (called with the lock held); aborted ones end here."""
         admitted: list[Request] = []
-        longest = 0
+        tokens = 0  # real prompt tokens, as SGLang counts them: the packed prefill runs no padding through its matmuls
         while self._waiting and len(self._running) + len(admitted) < self.settings.max_running_requests:
             request = self._waiting[0]
             if request.aborted or self.closing:
                 self._waiting.popleft()
                 self._finish(request, self._abort_reason())
                 continue
-            padded = (len(admitted) + 1) * max(longest, len(request.ids))
-            if admitted and padded > self.settings.max_prefill_tokens:
+            if admitted and tokens + len(request.ids) > self.settings.max_prefill_tokens:
                 break
-            longest = max(longest, len(request.ids))
+            tokens += len(request.ids)
             admitted.append(self._waiting.popleft())
         return admitted
 
     def _step(self, admitted: list[Request], cache: KVCache) -> None:
-        running = self._running
-        for i in reversed(range(len(running))):
-            if running[i].aborted or self.closing:
-                self._remove(i, cache, self._abort_reason())
+        aborted = [(i, self._abort_reason()) for i, r in enumerate(self._running) if r.aborted or self.closing]
+        self._retire(aborted, cache)
         if admitted:
-            admitted.sort(key=lambda r: r.adapter or "")  # each adapter's rows contiguous: see LoraBatch
+            admitted.sort(key=_group)  # each adapter's prompt tokens contiguous in the prefill too
             longest = max(len(r.ids) for r in admitted)
-            cache.fit(max([longest, *(r.length + 1 for r in running)]))
+            cache.fit(max([longest, *(r.length + 1 for r in self._running)]))
+            slots = self._place([*self._running, *admitted], list(range(len(self._running))), cache)
             ids = torch.zeros(len(admitted), longest, dtype=torch.long)
             for row, request in enumerate(admitted):
                 ids[row, : len(request.ids)] = torch.tensor(request.ids)
                 request.length = len(request.ids)
             lengths = torch.tensor([len(r.ids) for r in admitted])
-            first = len(running)
-            logits = self.forward.prefill(ids, lengths, cache, first, self._lora_batch(admitted, 2))
-            running.extend(admitted)
-            self._advance(logits, first, cache)
+            new = slots[-len(admitted) :]
+            logits = self.forward.prefill(ids, lengths, cache, torch.tensor(new), self._adapters(admitted))
+            self._advance(logits, new, cache)
+        running = self._running
         if running:
             cache.fit(max(r.length for r in running) + 1)
             tokens = torch.tensor([r.out[-1] for r in running])
             lengths = torch.tensor([r.length for r in running])
-            logits = self.forward.decode(tokens, lengths, cache, self._lora_batch(running, 1))
+            logits = self.forward.decode(tokens, lengths, cache, self.forward.lora_batch(self._adapters(running)))
             for request in running:
                 request.length += 1
-            self._advance(logits, 0, cache)
+            self._advance(logits, list(range(len(running))), cache)
 
-    def _advance(self, logits: torch.Tensor, first: int, cache: KVCache) -> None:
-        """Sample the next token of rows ``first..`` of the batch and retire the rows that are done."""
-        rows = self._running[first:]
+    def _advance(self, logits: torch.Tensor, slots: list[int], cache: KVCache) -> None:
+        """Sample the next token of the batch's rows ``slots`` (one per row of ``logits``); retire those done."""
+        rows = [self._running[slot] for slot in slots]
         params = [r.params for r in rows]
         tokens, log_probs = sample(
             logits,
@@ -357,14 +356,13 @@ class MultiLoraModel:
             [len(r.out) for r in rows],
         )
         done: list[tuple[int, dict[str, Any]]] = []
-        for row, (request, token, log_prob) in enumerate(zip(rows, tokens, log_probs, strict=True)):
+        for slot, request, token, log_prob in zip(slots, rows, tokens, log_probs, strict=True):
             request.out.append(token)
             request.log_probs.append(log_prob)
             finish = self._finish_reason(request, token)
             if finish is not None:
-                done.append((first + row, finish))
-        for index, finish in reversed(done):
-            self._remove(index, cache, finish)
+                done.append((slot, finish))
+        self._retire(done, cache)
 
     def _finish_reason(self, request: Request, token: int) -> dict[str, Any] | None:
         if token in request.stop_ids:
@@ -376,15 +374,49 @@ class MultiLoraModel:
             return {"type": LENGTH, "length": len(request.out)}
         return None
 
-    def _remove(self, index: int, cache: KVCache, finish: dict[str, Any]) -> None:
-        """Take row ``index`` out of the batch: the last row moves into its place."""
-        running = self._running
-        request, last = running[index], len(running) - 1
-        if index != last:
-            cache.move(last, index)
-            running[index] = running[last]
-        running.pop()
-        self._finish(request, finish)
+    def _retire(self, done: list[tuple[int, dict[str, Any]]], cache: KVCache) -> None:
+        """Take rows ``done`` (slot, finish reason) out of the batch, closing the gaps they leave."""
+        if not done:
+            return
+        gone = {slot for slot, _ in done}
+        finished = [(self._running[slot], finish) for slot, finish in done]
+        kept = [i for i in range(len(self._running)) if i not in gone]
+        self._place([self._running[i] for i in kept], kept, cache)
+        for request, finish in finished:
+            self._finish(request, finish)
+
+    def _place(self, rows: list[Request], old: list[int], cache: KVCache) -> list[int]:
+        """Make ``rows`` the batch, each adapter's rows contiguous (what :class:`~.forward.LoraBatch` wants).
+
+        ``old``: the cache slots of the first ``len(old)`` rows (the rest are new). Rows that change slot
+        take their keys and values along; a row already inside its adapter's range stays, so a row
+        leaving or joining moves about one row per adapter. Returns each row's slot.
+        """
+        slots = [-1] * len(rows)  # -1: not placed yet
+        order = sorted(range(len(rows)), key=lambda j: _group(rows[j]))
+        start = 0
+        while start < len(order):
+            end = start
+            while end < len(order) and _group(rows[order[end]]) == _group(rows[order[start]]):
+                end += 1
+            members = order[start:end]
+            for j in members:
+                if j < len(old) and start <= old[j] < end:
+                    slots[j] = old[j]
+            taken = {slots[j] for j in members}
+            free = iter(p for p in range(start, end) if p not in taken)
+            for j in members:
+                if slots[j] < 0:
+                    slots[j] = next(free)
+            start = end
+        moves = [(o, n) for o, n in zip(old, slots, strict=False) if o != n]
+        if moves:
+            cache.move([o for o, _ in moves], [n for _, n in moves])
+        running: list[Any] = [None] * len(rows)
+        for request, slot in zip(rows, slots, strict=True):
+            running[slot] = request
+        self._running = running
+        return slots
 
     def _finish(self, request: Request, finish: dict[str, Any]) -> None:
         self._release(request)
@@ -400,8 +432,8 @@ class MultiLoraModel:
         message = "the engine is shutting down" if self.closing else "aborted by /abort_request"
         return {"type": ABORT, "message": message}
 
-    def _lora_batch(self, rows: list[Request], rows_dims: int) -> LoraBatch:
-        return self.forward.lora_batch([None if r.adapter is None else self._lora[r.adapter] for r in rows], rows_dims)
+    def _adapters(self, rows: list[Request]) -> list[LoraWeights | None]:
+        return [None if r.adapter is None else self._lora[r.adapter] for r in rows]
 
     def _stop_string(self, out: list[int], stops: tuple[str, ...]) -> str | None:
         if not stops:
@@ -412,6 +444,11 @@ class MultiLoraModel:
             if stop in tail:
                 return stop
         return None
+
+
+def _group(request: Request) -> tuple[bool, str]:
+    """The batch's order of adapters: the base model's rows first, then each adapter's by name."""
+    return request.adapter is not None, request.adapter or ""
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -64,6 +64,43 @@ async def test_mixed_adapters_in_one_batch_match_a_plain_forward(engine, adapter
         assert log_probs == pytest.approx(expected, abs=2e-3)
 
 
+async def test_each_adapters_rows_stay_together_as_requests_join_and_leave(
+    engine, adapter_dir, reference_log_probs, tmp_path
+):
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other"  # a second adapter: the first with B negated
+    other.mkdir()
+    (other / "adapter_config.json").write_text((adapter_dir / "adapter_config.json").read_text())
+    state = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    save_file({k: -v if "lora_B" in k else v for k, v in state.items()}, str(other / "adapter_model.safetensors"))
+    await engine.client.load_lora_adapter("other", str(other))
+    steps, decode = [], engine.model.forward.decode
+
+    def spy(tokens, lengths, cache, lora):
+        steps.append([lora_weights for _, _, lora_weights in lora.segments])
+        return decode(tokens, lengths, cache, lora)
+
+    engine.model.forward.decode = spy
+    names, dirs = (None, "expert", "other"), (None, adapter_dir, other)
+    jobs = [
+        (prompt(engine, i), i % 3, {"temperature": 1.0, "sampling_seed": i, "max_new_tokens": 2 + 5 * i % 9})
+        for i in range(18)
+    ]
+
+    def call(ids, which, params):
+        return asyncio.ensure_future(engine.client.generate(ids, params, lora_path=names[which]))
+
+    early = [call(*job) for job in jobs[:9]]
+    assert await until(lambda: len(steps) >= 2)
+    answers = await asyncio.gather(*early, *(call(*job) for job in jobs[9:]))  # these join rows mid-decode
+    assert all(len(set(map(id, segments))) == len(segments) for segments in steps)  # one run per adapter
+    assert any(len(segments) == 2 for segments in steps)
+    for (ids, which, _), answer in zip(jobs, answers, strict=True):
+        out, log_probs = output_tokens(answer)
+        assert log_probs == pytest.approx(reference_log_probs(ids, out, 1.0, dirs[which]), abs=2e-3)
+
+
 async def test_seeded_requests_draw_the_same_tokens_alone_or_among_64(engine):
     def job(i):
         params = {"temperature": 1.0, "top_p": 0.95, "sampling_seed": i, "max_new_tokens": 4 + i % 11}
@@ -106,7 +143,7 @@ async def test_abort_one_request_leaves_the_others_running(engine):
     long = {"max_new_tokens": 5000, "ignore_eos": True, "temperature": 1.0}
     aborted = asyncio.ensure_future(engine.generate(prompt(engine, 0), SamplingParams(**long), None, rid="gone"))
     short = asyncio.ensure_future(engine.generate(prompt(engine, 1), SamplingParams(max_new_tokens=6), "expert"))
-    assert await until(lambda: len(engine.requests) == 2)
+    assert await until(lambda: "gone" in engine.requests)  # the short one may finish before a poll sees both
     engine.abort("gone")
     gone, kept = await aborted, await short
     assert gone.finish["type"] == "abort" and len(gone.output_ids) < 5000
@@ -160,3 +197,64 @@ def test_an_adapter_the_engine_cannot_reproduce_is_refused(engine_model, adapter
     (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
     with pytest.raises(GenerationError, match="use_dora"):
         engine_model.load_adapter("dora", dora)
+
+
+def test_a_weight_update_reaches_the_batched_forward(engine_model, tiny_model_dir):
+    """The forward's fused q/k/v and gate/up weights are the model's own: an in-place update (the trainer's
+    ``sync_weights`` is ``load_state_dict``) changes what the engine computes."""
+    from transformers import AutoModelForCausalLM
+
+    from aclarena_slime.local.generation import token_log_probs
+
+    trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+        engine_model.base.load_state_dict(trained.state_dict())
+    ids = engine_model.tokenizer.encode("What is 2 + 2?")
+    result = engine_model.submit(ids, SamplingParams(max_new_tokens=6, sampling_seed=3)).future.result(timeout=120)
+    with torch.inference_mode():
+        logits = trained(input_ids=torch.tensor([ids + result.output_ids])).logits[0, len(ids) - 1 : -1]
+    expected = token_log_probs(logits, torch.tensor(result.output_ids), 1.0)
+    assert result.log_probs == pytest.approx(expected.tolist(), abs=2e-3)
+
+
+def test_max_prefill_tokens_counts_real_prompt_tokens(tiny_model_dir):
+    """SGLang's prefill budget counts real tokens: a long and a short prompt join even when padded they would not."""
+    long, short = list(range(5, 45)), [5, 6]
+    model = MultiLoraModel.from_pretrained(
+        tiny_model_dir, settings=EngineSettings(max_prefill_tokens=len(long) + len(short))
+    )
+    rows = []
+    prefill = model.forward.prefill
+
+    def counted(ids, *args):
+        rows.append(ids.shape[0])
+        return prefill(ids, *args)
+
+    model.forward.prefill = counted
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True)
+    with model._cond:  # all three queued before the worker admits any
+        requests = [model.submit(ids, params) for ids in (long, short, short)]
+    for request in requests:
+        request.future.result()
+    assert rows == [2, 1]  # 42 real tokens fit the budget of 42 (80 padded would not); the third waits
+
+
+def test_prefill_of_prompts_of_many_lengths_matches_a_plain_forward(engine_model):
+    """The prefill attends per group of similar length (padded within a group, packed across groups)."""
+    forward = engine_model.forward
+    prompts = [list(range(7, 7 + n)) for n in (3, 40, 9, 10, 10, 17, 38)]  # groups with and without padding
+    ids = torch.zeros(len(prompts), 40, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, : len(p)] = torch.tensor(p)
+    cache = forward.new_cache(len(prompts))
+    cache.fit(40)
+    with torch.inference_mode():
+        logits = forward.prefill(
+            ids, torch.tensor([len(p) for p in prompts]), cache, torch.arange(len(prompts)), [None] * len(prompts)
+        )
+        for row, p in enumerate(prompts):
+            expected = engine_model.base(input_ids=torch.tensor([p])).logits[0, -1]
+            assert torch.allclose(logits[row], expected, atol=1e-4), f"prompt of {len(p)} tokens"
