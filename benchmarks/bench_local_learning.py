@@ -70,6 +70,9 @@ def run_one(env: str, seed: int, out: Path, overrides: list[str]) -> dict[str, A
         "sampled_before": (sampled.get("before") or {}).get("mean_reward"),
         "sampled_after": (sampled.get("after") or {}).get("mean_reward"),
         "held_out_n": metrics["eval_after"]["n"],
+        # The greedy reward on the validation prompts (cluster.local.validation_size) after each evaluated step:
+        # what the profile's settings were chosen on.
+        "validation": [[v["step"], v["mean_reward"]] for v in metrics.get("eval_validation") or []],
         "rollout_reward_first": statistics.fmean(rewards[:2]) if rewards else None,
         "rollout_reward_last": statistics.fmean(rewards[-2:]) if rewards else None,
         "steps": len(rewards),
