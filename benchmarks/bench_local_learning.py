@@ -11,8 +11,9 @@ in its own process). Per env the table shows the
 greedy mean reward on the held-out demo prompts (never trained on) of the base model, of the warm-started
 backbone and of the GRPO-trained policy, and GRPO's gain over the warm start, each as the mean ± the
 spread (half the range) over the seeds, then the mean sampled rollout reward of the first and the last
-two GRPO steps, and the CPU and wall seconds of one stage (mean; set-up — the tiny model, its tokenizer —
-included; a warm start reused from an earlier run in the same ``--out`` folder is not: ``warm_start_cached``
+two GRPO steps, GRPO's gain on the validation prompts (``cluster.local.validation_size``, carved out of
+the RL records: what the profile's settings were chosen on), and the CPU and wall seconds of one stage
+(mean; set-up — the tiny model, its tokenizer — included; a warm start reused from an earlier run in the same ``--out`` folder is not: ``warm_start_cached``
 in the JSON). On a shared machine wall time is inflated; CPU seconds are not. ``--retail-data DIR`` adds
 the τ³-Retail stage on that data folder (no warm start: retail has no gold demos). Every run's figures
 go to ``<out>/bench_local_learning.json``.
@@ -70,6 +71,9 @@ def run_one(env: str, seed: int, out: Path, overrides: list[str]) -> dict[str, A
         "sampled_before": (sampled.get("before") or {}).get("mean_reward"),
         "sampled_after": (sampled.get("after") or {}).get("mean_reward"),
         "held_out_n": metrics["eval_after"]["n"],
+        # The greedy reward on the validation prompts (cluster.local.validation_size) after each evaluated step:
+        # what the profile's settings were chosen on.
+        "validation": [[v["step"], v["mean_reward"]] for v in metrics.get("eval_validation") or []],
         "rollout_reward_first": statistics.fmean(rewards[:2]) if rewards else None,
         "rollout_reward_last": statistics.fmean(rewards[-2:]) if rewards else None,
         "steps": len(rewards),
@@ -121,7 +125,8 @@ def main() -> None:
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
             runs = list(pool.map(run_one, *zip(*todo, strict=True)))
     table = Table(title=f"local profile: held-out mean reward (greedy), {args.seeds} seed(s), mean ± half range")
-    columns = ("env", "n", "base", "warm start", "trained", "GRPO gain", "rollout reward", "CPU s", "wall s")
+    columns = ("env", "n", "base", "warm start", "trained", "GRPO gain", "validation gain", "rollout reward", "CPU s",
+               "wall s")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     for env in envs:
@@ -132,6 +137,7 @@ def main() -> None:
             str(mine[0]["held_out_n"]),
             *(spread([r[key] for r in mine]) for key in ("base", "warm_start", "trained")),
             spread(gains),
+            spread([r["validation"][-1][1] - r["validation"][0][1] for r in mine if r["validation"]]),
             f"{spread([r['rollout_reward_first'] for r in mine])} -> {spread([r['rollout_reward_last'] for r in mine])}",
             f"{statistics.fmean(r['cpu_s'] for r in mine):.0f}",
             f"{statistics.fmean(r['wall_s'] for r in mine):.0f}",

@@ -12,7 +12,7 @@ import json
 import random
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,12 +100,14 @@ def bind_engine(config: Mapping[str, Any], url: str, served_name: str) -> dict[s
 
 @dataclass(frozen=True)
 class StageRecords:
-    """The stage's records: RL (or SFT teacher) prompts, warm-start prompts and held-out evaluation prompts.
+    """The stage's records: RL (or SFT teacher) prompts, warm-start prompts, validation prompts and held-out
+    evaluation prompts.
 
     No training record (RL or warm start) shares a prompt with an evaluation record: those found in
     the training source are dropped and counted in ``overlap_dropped``. Only when that would leave
     nothing to train on (an env with a handful of prompts) are they kept, with a warning and
-    ``held_out`` False.
+    ``held_out`` False. The validation records come out of the RL records (``validation_size``): no
+    training prompt, no held-out prompt; settings are chosen on them, never on the held-out ones.
     """
 
     train: list[dict[str, Any]]
@@ -113,11 +115,13 @@ class StageRecords:
     evaluation: list[dict[str, Any]]
     overlap_dropped: int
     held_out: bool = True  # False: no training prompt was left once the evaluation prompts were taken out
+    validation: list[dict[str, Any]] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return {
             "train": len(self.train),
             "warm_start": len(self.warm_start),
+            "validation": len(self.validation),
             "evaluation": len(self.evaluation),
             "overlap_dropped": self.overlap_dropped,
             "held_out": self.held_out,
@@ -127,7 +131,8 @@ class StageRecords:
 def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     """Evaluation records first (``eval_data_path`` or demo records of the held-out seed), then training ones
     (``data_path`` or the env's demo records) without the held-out prompts, in a seeded order: the warm
-    start's, then the RL prompts, without the warm start's prompts unless nothing else is left.
+    start's, then the validation prompts, then the RL prompts, without the warm start's prompts unless nothing
+    else is left (never the validation prompts).
 
     Demo training records also leave out the demo records the evaluation runner and the forgetting monitor
     check (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`), whatever the stage's seed.
@@ -144,10 +149,11 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
         held_out |= {prompt_key(r) for r in demo_records(env, max(cfg.eval_size, 1), HELD_OUT_SEED)}
     n_train = cfg.steps * cfg.prompts_per_step
     n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
+    n_val = cfg.validation_size
     if cfg.data_path:
         source = read_jsonl(cfg.data_path, cfg.env)
     else:  # enough demo records that dropping the held-out and warm-start prompts leaves the ones asked for
-        source = demo_records(env, n_train + n_warm + len(held_out), cfg.seed)
+        source = demo_records(env, n_train + n_warm + n_val + len(held_out), cfg.seed)
     pool = [r for r in source if prompt_key(r) not in held_out]
     disjoint = bool(pool)
     if not disjoint:  # an env with a handful of prompts (a test env): train on them, and say so loudly
@@ -163,12 +169,36 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     warm = take(pool[:n_warm], n_warm, random.Random(cfg.seed + 1)) if n_warm else []
     seen = {prompt_key(r) for r in warm}
     fresh = [r for r in pool[n_warm:] if prompt_key(r) not in seen]
+    # The validation prompts come first (the RL prompts after them stay where they are when the steps change).
+    validation = _distinct(fresh, n_val)
+    if len(validation) < n_val:
+        raise RecordError(
+            f"validation_size={n_val}: only {len(validation)} distinct prompts of env {cfg.env!r} are neither "
+            "warm-start nor held-out prompts; lower validation_size or give more training records"
+        )
+    checked = {prompt_key(r) for r in validation}
+    fresh = [r for r in fresh if prompt_key(r) not in checked]
+    if n_val and not fresh:
+        raise RecordError(f"validation_size={n_val} leaves no RL prompt of env {cfg.env!r}; lower it")
     rl_pool = fresh or pool
     rng = random.Random(cfg.seed)
     train = take(rl_pool, n_train, rng) if cfg.data_path else rl_pool[:n_train]
     if len(train) < n_train:  # a finite demo set: go through it again
         train = take(rl_pool, n_train, rng)
-    return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint)
+    return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint, validation)
+
+
+def _distinct(records: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first ``n`` records of distinct prompts (fewer when there are not that many)."""
+    out: list[dict[str, Any]] = []
+    keys: set[str] = set()
+    for record in records:
+        if len(out) == n:
+            break
+        if prompt_key(record) not in keys:
+            keys.add(prompt_key(record))
+            out.append(record)
+    return out
 
 
 def prompt_key(record: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ The policy is a LoRA expert (``adapter/``, a PEFT folder) or, with full fine-tun
     base_model/        the tiny model, when model="tiny"
     warm_start_model/  the backbone after the SFT warm start, when there is one
     adapter/ | model/  the trained policy
-    metrics.json       seed, settings, per-phase figures, held-out reward before and after
+    metrics.json       seed, settings, per-phase figures, held-out reward before and after, validation curve
 
 ``eval_before`` is the base model's held-out reward, ``eval_warm_start`` the reward after the warm start,
 ``eval_after`` the trained policy's; all on the same held-out records, which share no prompt with any
@@ -254,6 +254,7 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
         before = await evaluate(stage.context, split.evaluation, cfg, limit)
         before_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
+        validation = [await validate(stage.context, split.validation, cfg, limit, 0)] if split.validation else []
         progress.advance(task)
         keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
         if keep_on_disk:
@@ -291,6 +292,10 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
                 progress.console.print(step_line(steps[-1]))
             if monitor and await monitor.check(step + 1):
                 break  # the monitor's action "stop": an earlier domain fell
+            if split.validation and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
+                validation.append(await validate(stage.context, split.validation, cfg, limit, step + 1))
+        if split.validation and validation[-1]["step"] != len(steps):
+            validation.append(await validate(stage.context, split.validation, cfg, limit, len(steps)))
         after = await evaluate(stage.context, split.evaluation, cfg, limit)
         after_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
         progress.advance(task)
@@ -303,6 +308,7 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
         # samples, the held-out reward is greedy.
         "eval_sampled": {"before": before_sampled, "after": after_sampled},
         "steps": steps,
+        **({"eval_validation": validation} if validation else {}),
         **({"monitor": monitor.report(len(steps))} if monitor else {}),
         "records": split.counts(),
     }
@@ -386,7 +392,8 @@ AFTER_WARM_START = frozenset(
         "kind", "sft_filter", "sft_epochs", "full_finetune", "kl_coef", "kl_loss_type", "weight_decay",
         "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
         "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
-        "max_concurrency", "progress", "monitor", "replay", "base_adapter", "output_dir",
+        "max_concurrency", "progress", "monitor", "replay", "base_adapter", "output_dir", "validation_size",
+        "validation_interval",
     }
 )  # fmt: skip
 WARM_START_RECORD = "warm_start.json"
@@ -495,6 +502,13 @@ async def evaluate(
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable)}
+
+
+async def validate(
+    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore, step: int
+) -> dict[str, Any]:
+    """The greedy reward on the validation prompts after ``step`` GRPO steps: what settings are chosen on."""
+    return {"step": step, **await evaluate(context, records, cfg, limit)}
 
 
 async def _gather(

@@ -34,6 +34,11 @@ class LocalBackendSettings:
     data_path: str | None = None  # None: the env's generated demo records
     eval_data_path: str | None = None  # None: eval_size further demo records (another seed)
     eval_size: int = 16
+    # Validation prompts carved out of the RL records (never trained on, never the held-out ones): what the
+    # profile's settings are chosen on, evaluated greedily every ``validation_interval`` GRPO steps (0: before
+    # and after only); the held-out reward stays the reported figure.
+    validation_size: int = 0
+    validation_interval: int = 0
     top_p: float = 1.0
     updates_per_step: int = 1  # optimiser passes over each step's rollouts (PPO epochs)
     engine_host: str = "127.0.0.1"
@@ -61,8 +66,10 @@ class LocalBackendSettings:
         steps = self.warm_start_steps
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise LocalConfigError(f"warm_start_steps must be a non-negative integer, got {steps!r}")
-        if not isinstance(self.eval_size, int) or self.eval_size < 0:
-            raise LocalConfigError(f"eval_size must be a non-negative integer, got {self.eval_size!r}")
+        for name in ("eval_size", "validation_size", "validation_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise LocalConfigError(f"{name} must be a non-negative integer, got {value!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise LocalConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.torch_threads is not None and self.torch_threads < 1:

@@ -17,7 +17,7 @@ from aclarena_envs.search.env import SearchEnvironment
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
-from aclarena_slime.local.records import prompt_key, stage_records
+from aclarena_slime.local.records import RecordError, prompt_key, stage_records
 from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
 from aclarena_slime.local.stage import cached_warm_start, tokenizer_texts
 from aclarena_slime.local.tiny_model import TinyShape, build_tiny_tokenizer
@@ -204,6 +204,44 @@ def test_rl_prompts_are_not_the_warm_starts_prompts(tmp_path):
     asyncio.run(env.aclose())
 
 
+def test_validation_prompts_come_out_of_the_rl_records_and_are_never_trained_on(tmp_path):
+    """Settings are chosen on validation prompts (issue 25): neither warm-start, RL nor held-out prompts, drawn
+    before the RL prompts so that these stay put when the steps change; too few to carve them is an error."""
+    env = MathEnvironment({"workers": 1})
+    cfg = LocalStageConfig(
+        env="math",
+        output_dir=str(tmp_path),
+        eval_size=16,
+        steps=4,
+        prompts_per_step=8,
+        warm_start_steps=1,
+        warm_start_demos="aclarena_envs.math.data.demo_turns",
+        warm_start_records=64,
+        validation_size=16,
+    )
+    split = stage_records(env, cfg)
+    checked = [prompt_key(r) for r in split.validation]
+    assert len(split.validation) == len(set(checked)) == 16 and split.counts()["validation"] == 16
+    others = split.train + split.warm_start + split.evaluation
+    assert not set(checked) & {prompt_key(r) for r in others}
+    without = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "validation_size": 0}))
+    assert without.warm_start == split.warm_start and without.validation == []  # the warm start stays valid
+    longer = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "steps": 8}))
+    assert longer.validation == split.validation and longer.train[:32] == split.train
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in split.train[:10]))
+    from_file = {**cfg.to_dict(), "data_path": str(data), "warm_start_steps": 0}
+    with pytest.raises(RecordError, match="validation_size=16: only"):
+        stage_records(env, LocalStageConfig(**from_file))
+    distinct = len({prompt_key(r) for r in split.train[:10]})
+    with pytest.raises(RecordError, match="leaves no RL prompt"):
+        stage_records(env, LocalStageConfig(**{**from_file, "validation_size": distinct}))
+    with pytest.raises(LocalConfigError, match="validation_size must be a non-negative integer"):
+        LocalStageConfig(**{**cfg.to_dict(), "validation_size": -1})
+    asyncio.run(env.aclose())
+
+
 def test_the_monitors_demo_prompts_are_never_training_prompts_whatever_the_seed(tmp_path):
     """The evaluation runner and the forgetting monitor check the demo records of HELD_OUT_SEED; a stage of
     another seed holds them out of its training records too."""
@@ -237,6 +275,7 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
         warm_start_steps=3,
         warm_start_records=8,
         warm_start_demos="aclarena_envs.math.data.demo_turns",
+        validation_size=2,
     )
     metrics = run_stage(cfg)
     warm = metrics["warm_start"]
@@ -245,7 +284,10 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     adapter_config = json.loads((cfg.adapter_dir / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == warm["backbone"]  # the expert sits on the new backbone
     assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
-    assert metrics["records"] == {"train": 2, "warm_start": 8, "evaluation": 2, "overlap_dropped": 0, "held_out": True}
+    assert metrics["records"] == {
+        "train": 2, "warm_start": 8, "validation": 2, "evaluation": 2, "overlap_dropped": 0, "held_out": True
+    }  # fmt: skip
+    assert [(v["step"], v["n"]) for v in metrics["eval_validation"]] == [(0, 2), (1, 2)]  # before and after GRPO
     base, warm_reward, after = (metrics[k]["mean_reward"] for k in ("eval_before", "eval_warm_start", "eval_after"))
     line = finished_text(StageResult(0, "local", adapter=str(cfg.adapter_dir), metrics=metrics))
     assert (
