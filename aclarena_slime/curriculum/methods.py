@@ -22,6 +22,7 @@ from omegaconf import MISSING
 
 FULL_FT = "lora.enabled=false"  # the paper's chain and oracles are full fine-tuning
 LORA = "lora.enabled=true"
+WARM_START_INTO_EXPERT = "++cluster.local.warm_start_target=policy"  # a local stage's warm start trains the LoRA
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ArenaStage:
     name: str = MISSING  # the env tag its recipe trains: the stage's name in every manifest, the matrix column
     recipe: str = MISSING  # relative to the arena file's folder, or absolute
     overrides: list[str] = field(default_factory=list)
+    eval_size: int | None = None  # held-out prompts of this domain (None: the arena's eval_size)
 
 
 Method = Callable[[Sequence[ArenaStage], Mapping[str, Any]], dict[str, Any]]
@@ -91,8 +93,11 @@ def kl_anchor(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[
 
 
 def mle(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[str, Any]:
-    """Mixture of LoRA experts: one expert per stage on the frozen base, routed by the stage's env tag (its name)."""
-    return {"stages": [entry(s, LORA, start="recipe", expert=s.name) for s in stages]}
+    """Mixture of LoRA experts: one expert per stage on the frozen base, routed by the stage's env tag (its name).
+
+    The stage's warm start trains its expert too (``warm_start_target=policy``), so the base stays the one
+    backbone every expert is served on."""
+    return {"stages": [entry(s, LORA, WARM_START_INTO_EXPERT, start="recipe", expert=s.name) for s in stages]}
 
 
 def oracles(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[str, Any]:
