@@ -44,8 +44,12 @@ def arena_file(tmp_path: Path, methods: dict, **extra) -> Path:
         "base": {"steps": 4, "records": 16, "batch_size": 8},
         "eval_size": 2,
         # tiny sizes: a 4-step warm start, 1 GRPO step of 2 prompts x 2 samples per stage, short answers
-        "overrides": ["rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2",
-                      "cluster.local.warm_start_steps=4", "cluster.local.warm_start_records=16"],  # fmt: skip
+        "overrides": [
+            "rollout.rollout_batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "cluster.local.warm_start_steps=4",
+            "cluster.local.warm_start_records=16",
+        ],  # fmt: skip
         "stages": [
             {"name": "math", "recipe": str(RECIPES / "stage1_math.yaml"), "overrides": ["rollout.num_rollout=1"]},
             {
