@@ -96,8 +96,16 @@ def mle(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[str, A
     """Mixture of LoRA experts: one expert per stage on the frozen base, routed by the stage's env tag (its name).
 
     The stage's warm start trains its expert too (``warm_start_target=policy``), so the base stays the one
-    backbone every expert is served on."""
-    return {"stages": [entry(s, LORA, WARM_START_INTO_EXPERT, start="recipe", expert=s.name) for s in stages]}
+    backbone every expert is served on. ``options``: the expert's learning rates, ``lr`` (GRPO) and
+    ``warm_start_lr`` (a LoRA trains a small update of the weights and wants a larger step than full
+    fine-tuning); absent: the stage's own.
+    """
+    unknown = sorted(set(options) - {"lr", "warm_start_lr"})
+    if unknown or any(float(v) <= 0 for v in options.values()):
+        raise MethodError(f"mle: options are lr and warm_start_lr (> 0); got {dict(options)}")
+    rates = [f"algorithm.lr={options['lr']}"] if "lr" in options else []
+    rates += [f"++cluster.local.warm_start_lr={options['warm_start_lr']}"] if "warm_start_lr" in options else []
+    return {"stages": [entry(s, LORA, WARM_START_INTO_EXPERT, *rates, start="recipe", expert=s.name) for s in stages]}
 
 
 def oracles(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[str, Any]:
