@@ -2,10 +2,12 @@
 every stage, so their forgetting matrices compare.
 
 An arena file (``recipes/curriculum/arena_local.yaml``) names the stages (a recipe per domain, with its
-sizing), the shared base (:mod:`aclarena_slime.launcher.arena_base`), the held-out evaluation and the methods (:mod:`.methods`, each a
-dotted path). For one seed, :func:`run_arena` builds the base (or reuses it), evaluates it (the base row, for
-FWT), then writes each method's curriculum file under ``<output_dir>/seed_<seed>/<method>/`` and runs it with
-the ordinary curriculum runner (resume included): the files say exactly what each method ran. After each
+sizing and held-out size), the shared base (:mod:`aclarena_slime.launcher.arena_base`), the held-out evaluation
+and the methods (:mod:`.methods`, each a dotted path). For one seed, :func:`run_arena` builds the base (or
+reuses it), evaluates it (the base row, for FWT), then writes each method's curriculum file under
+``<output_dir>/seed_<seed>/<method>/`` and runs it with the ordinary curriculum runner (resume included): the
+files say exactly what each method ran. The methods of a seed share one reuse folder (``stages/``,
+:mod:`.reuse`): a stage two methods have in common (the math oracle and the chains' first stage) runs once. After each
 stage the policy (its model folder, with the MLE experts so far) is served on the local engine and every
 domain's held-out demo prompts are rolled out greedily (:func:`policy_evaluator`). ``arena.json`` lists the
 manifests; ``aclarena eval matrix --run METHOD=MANIFEST ... --base BASE_SUMMARY`` compares them.

@@ -6,7 +6,8 @@ A stage marked done in the manifest is never run again (only its evaluation, whe
 a stage that was running when the process died is run again from its start, except that a LoRA stage
 resumes its adapter and optimizer state from the last adapter checkpoint under its ``checkpoint.save``
 (``aclarena_slime.lora.checkpoint``; the manifest records the iteration). A stage that the local
-backend runs gets the local profile, as ``launch/stage.sh`` gives it.
+backend runs gets the local profile, as ``launch/stage.sh`` gives it. A curriculum with a ``reuse`` folder
+takes a stage that another curriculum already finished identically from it (:mod:`.reuse`).
 """
 
 from __future__ import annotations
