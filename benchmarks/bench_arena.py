@@ -1,10 +1,10 @@
 """The arena over seeds: every method's forgetting matrix and the comparison table, mean ± spread.
 
-    .venv/bin/python benchmarks/bench_arena.py [--seeds 3] [--out DIR] [--set data.retail=PATH/tau3-retail]
+    .venv/bin/python benchmarks/bench_arena.py [--seeds 3] [--jobs 2] [--out DIR] [--set data.retail=PATH/tau3-retail]
         [--methods sequential mle oracles] [--arena recipes/curriculum/arena_local.yaml]
 
 Runs the arena file (docs/arena.md) once per seed (0..N-1; a seed already run in --out is resumed, not
-redone), compares the methods of each seed (``aclarena eval matrix --run ...``: tables, heatmaps, curves per
+redone; ``--jobs`` seeds at once, each in its own process), compares the methods of each seed (``aclarena eval matrix --run ...``: tables, heatmaps, curves per
 seed), then prints the table over seeds (mean ± sample standard deviation), the final accuracy per domain,
 the issue's two checks (sequential forgets: BWT <= -5 points or a maximum forgetting >= 10 points; MLE
 within 3 points of its oracle on every domain), the wall and CPU time with the machine's load, and writes
@@ -20,11 +20,13 @@ import argparse
 import contextlib
 import io
 import json
+import multiprocessing
 import os
 import resource
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,13 @@ def cell(values: list[float | None], integer: bool = False) -> str:
     return f"{mean:,.0f}" if integer else f"{mean:.1f} ± {sd:.1f}"
 
 
+def run_seed(arena: Path, overrides: list[str], methods: list[str] | None) -> tuple[dict[str, Any], float, float]:
+    """One seed's arena (in a worker process): its index, wall and CPU seconds."""
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    index = run_arena(arena, overrides, methods)
+    return index, time.perf_counter() - t0, cpu_seconds() - c0
+
+
 def seed_rows(index: dict[str, Any], out: Path) -> dict[str, Any]:
     """One seed's comparison (files under ``out``) and its rows, by method."""
     runs = [f"--run={name}={entry['manifest']}" for name, entry in index["methods"].items()]
@@ -91,18 +100,24 @@ def main() -> None:
     parser.add_argument("--arena", type=Path, default=ROOT / "recipes" / "curriculum" / "arena_local.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override of the arena file")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: the arena file's)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once (each stage uses torch_threads)")
     args = parser.parse_args()
     out = args.out.resolve()
     seeds = list(range(args.seeds))
     started_wall, started_cpu, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()
     per_seed: dict[int, dict[str, Any]] = {}
-    for seed in seeds:
-        t0, c0 = time.perf_counter(), cpu_seconds()
-        index = run_arena(args.arena, [f"output_dir={out}", f"seed={seed}", *args.set], args.methods)
-        rows = seed_rows(index, out / f"seed_{seed}" / "comparison")
-        per_seed[seed] = {"rows": rows, "wall_s": time.perf_counter() - t0, "cpu_s": cpu_seconds() - c0}
-        print(f"[bench] seed {seed}: {per_seed[seed]['wall_s']:.0f} s wall, {per_seed[seed]['cpu_s']:.0f} s CPU, "
-              f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)  # fmt: skip
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be positive, got {args.jobs}")
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(seeds)), mp_context=context) as pool:
+        futures = {seed: pool.submit(run_seed, args.arena, [f"output_dir={out}", f"seed={seed}", *args.set],
+                                     args.methods) for seed in seeds}  # fmt: skip
+        for seed, future in futures.items():
+            index, seed_wall, seed_cpu = future.result()
+            rows = seed_rows(index, out / f"seed_{seed}" / "comparison")
+            per_seed[seed] = {"rows": rows, "wall_s": seed_wall, "cpu_s": seed_cpu}
+            print(f"[bench] seed {seed}: {seed_wall:.0f} s wall, {seed_cpu:.0f} s CPU, "
+                  f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)  # fmt: skip
     wall, cpu, load_after = time.perf_counter() - started_wall, cpu_seconds() - started_cpu, os.getloadavg()
     methods = list(per_seed[seeds[0]]["rows"])
     domains = sorted({d for s in seeds for r in per_seed[s]["rows"].values() for d in r.domains})

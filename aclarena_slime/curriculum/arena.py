@@ -2,10 +2,12 @@
 every stage, so their forgetting matrices compare.
 
 An arena file (``recipes/curriculum/arena_local.yaml``) names the stages (a recipe per domain, with its
-sizing), the shared base (:mod:`aclarena_slime.launcher.arena_base`), the held-out evaluation and the methods (:mod:`.methods`, each a
-dotted path). For one seed, :func:`run_arena` builds the base (or reuses it), evaluates it (the base row, for
-FWT), then writes each method's curriculum file under ``<output_dir>/seed_<seed>/<method>/`` and runs it with
-the ordinary curriculum runner (resume included): the files say exactly what each method ran. After each
+sizing and held-out size), the shared base (:mod:`aclarena_slime.launcher.arena_base`), the held-out evaluation
+and the methods (:mod:`.methods`, each a dotted path). For one seed, :func:`run_arena` builds the base (or
+reuses it), evaluates it (the base row, for FWT), then writes each method's curriculum file under
+``<output_dir>/seed_<seed>/<method>/`` and runs it with the ordinary curriculum runner (resume included): the
+files say exactly what each method ran. The methods of a seed share one reuse folder (``stages/``,
+:mod:`.reuse`): a stage two methods have in common (the math oracle and the chains' first stage) runs once. After each
 stage the policy (its model folder, with the MLE experts so far) is served on the local engine and every
 domain's held-out demo prompts are rolled out greedily (:func:`policy_evaluator`). ``arena.json`` lists the
 manifests; ``aclarena eval matrix --run METHOD=MANIFEST ... --base BASE_SUMMARY`` compares them.
@@ -32,6 +34,7 @@ from aclarena_slime.launcher.stage import local_profile
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 ARENA_FILE = "arena.json"
+REUSE = "stages"  # in the seed's folder: the finished stages every method of the seed may reuse
 
 
 @dataclass
@@ -49,7 +52,7 @@ class ArenaConfig:
     data: dict[str, str] = field(default_factory=dict)  # env tag -> its data folder (env_config.<tag>.data_dir)
     stages: list[ArenaStage] = field(default_factory=list)
     base: BaseSettings = field(default_factory=BaseSettings)
-    eval_size: int = 16  # held-out demo prompts per domain, evaluated after every stage
+    eval_size: int = 32  # held-out demo prompts per domain (a stage's own eval_size wins), after every stage
     methods: dict[str, MethodEntry] = field(default_factory=dict)
 
 
@@ -77,11 +80,14 @@ def load_arena(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         raise RecipeError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
     if not config.stages or not config.methods:
         raise RecipeError(f"{path}: an arena needs stages and methods")
-    if config.eval_size < 1:
-        raise RecipeError(f"{path}: eval_size must be positive, got {config.eval_size}")
     root = path.resolve().parent
     for stage in config.stages:  # relative to the arena file; the methods' curricula live elsewhere
         stage.recipe = str((root / stage.recipe).resolve())
+        stage.eval_size = config.eval_size if stage.eval_size is None else stage.eval_size
+        if stage.eval_size < 1:
+            raise RecipeError(f"{path}: stage {stage.name}: eval_size must be positive, got {stage.eval_size}")
+        # the stage's own held-out records are the ones the arena evaluates: a training record is never one
+        stage.overrides = [*stage.overrides, f"cluster.local.eval_size={stage.eval_size}"]
     return config
 
 
@@ -90,11 +96,9 @@ def seed_dir(config: ArenaConfig) -> Path:
 
 
 def stage_overrides(config: ArenaConfig) -> list[str]:
-    """What every stage of every method gets: the local backend, the seed, the held-out size, no own warm start
-    (the base has had it)."""
+    """What every stage of every method gets: the local backend, the data, the arena's sizes, the seed."""
     data = [f"++env_config.{tag}.data_dir={folder}" for tag, folder in config.data.items()]
-    return ["cluster=local", *data, *config.overrides, f"++cluster.local.seed={config.seed}",
-            f"cluster.local.eval_size={config.eval_size}", "cluster.local.warm_start_steps=0"]  # fmt: skip
+    return ["cluster=local", *data, *config.overrides, f"++cluster.local.seed={config.seed}"]
 
 
 def domain_configs(config: ArenaConfig) -> list[LocalStageConfig]:
@@ -110,13 +114,14 @@ def domain_configs(config: ArenaConfig) -> list[LocalStageConfig]:
     return out
 
 
-def held_out_suite(configs: list[LocalStageConfig], size: int) -> EvalSuite:
-    """Every domain's held-out demo prompts (the records every local stage leaves out of training), greedy."""
+def held_out_suite(configs: list[LocalStageConfig]) -> EvalSuite:
+    """Every domain's held-out demo prompts (its stage's ``eval_size`` of the records every local stage leaves
+    out of training), greedy."""
     datasets = tuple(
         EvalDataset(
             name=c.env,
             env=c.env,
-            demo=size,
+            demo=c.eval_size,
             temperature=0.0,
             max_response_len=c.eval_budget,
             env_config=dict(c.env_config),
@@ -151,6 +156,7 @@ def method_curriculum(config: ArenaConfig, name: str, base: Path) -> tuple[dict[
         "output_dir": str(seed_dir(config) / name),
         "overrides": [*stage_overrides(config), f"checkpoint.load={base}"],
         "base": "base",
+        "reuse": str(seed_dir(config) / REUSE),  # a stage two methods share runs once (curriculum/reuse.py)
         **made,
     }
     return curriculum, independent
@@ -167,7 +173,7 @@ def run_arena(
     out = seed_dir(config)
     configs = domain_configs(config)
     base = build_base(configs, config.base, out / "base", config.seed)
-    suite = held_out_suite(configs, config.eval_size)
+    suite = held_out_suite(configs)
     base_eval = out / "base" / "eval"
     if not (base_eval / "summary.json").is_file():
         asyncio.run(evaluate_policy(suite, base, None, base_eval, "base", config.seed))

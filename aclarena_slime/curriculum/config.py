@@ -66,6 +66,9 @@ class CurriculumConfig:
     monitor: MonitorSettings = field(default_factory=MonitorSettings)  # forgetting checks inside each stage
     replay: ReplaySettings = field(default_factory=ReplaySettings)  # the replay baseline's data mixture
     kl_anchor: KlAnchorSettings = field(default_factory=KlAnchorSettings)  # the KL-anchor baseline
+    # A folder of finished stages shared with other curricula: a stage whose fingerprint is recorded there is
+    # taken from it, not run again (curriculum/reuse.py). None: every stage runs.
+    reuse: str | None = None
 
 
 def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> CurriculumConfig:

@@ -22,6 +22,7 @@ from omegaconf import MISSING
 
 FULL_FT = "lora.enabled=false"  # the paper's chain and oracles are full fine-tuning
 LORA = "lora.enabled=true"
+WARM_START_INTO_EXPERT = "++cluster.local.warm_start_target=policy"  # a local stage's warm start trains the LoRA
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ArenaStage:
     name: str = MISSING  # the env tag its recipe trains: the stage's name in every manifest, the matrix column
     recipe: str = MISSING  # relative to the arena file's folder, or absolute
     overrides: list[str] = field(default_factory=list)
+    eval_size: int | None = None  # held-out prompts of this domain (None: the arena's eval_size)
 
 
 Method = Callable[[Sequence[ArenaStage], Mapping[str, Any]], dict[str, Any]]
@@ -91,8 +93,19 @@ def kl_anchor(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[
 
 
 def mle(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[str, Any]:
-    """Mixture of LoRA experts: one expert per stage on the frozen base, routed by the stage's env tag (its name)."""
-    return {"stages": [entry(s, LORA, start="recipe", expert=s.name) for s in stages]}
+    """Mixture of LoRA experts: one expert per stage on the frozen base, routed by the stage's env tag (its name).
+
+    The stage's warm start trains its expert too (``warm_start_target=policy``), so the base stays the one
+    backbone every expert is served on. ``options``: the expert's learning rates, ``lr`` (GRPO) and
+    ``warm_start_lr`` (a LoRA trains a small update of the weights and wants a larger step than full
+    fine-tuning); absent: the stage's own.
+    """
+    unknown = sorted(set(options) - {"lr", "warm_start_lr"})
+    if unknown or any(float(v) <= 0 for v in options.values()):
+        raise MethodError(f"mle: options are lr and warm_start_lr (> 0); got {dict(options)}")
+    rates = [f"algorithm.lr={options['lr']}"] if "lr" in options else []
+    rates += [f"++cluster.local.warm_start_lr={options['warm_start_lr']}"] if "warm_start_lr" in options else []
+    return {"stages": [entry(s, LORA, WARM_START_INTO_EXPERT, *rates, start="recipe", expert=s.name) for s in stages]}
 
 
 def oracles(stages: Sequence[ArenaStage], options: Mapping[str, Any]) -> dict[str, Any]:

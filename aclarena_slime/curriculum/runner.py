@@ -6,12 +6,14 @@ A stage marked done in the manifest is never run again (only its evaluation, whe
 a stage that was running when the process died is run again from its start, except that a LoRA stage
 resumes its adapter and optimizer state from the last adapter checkpoint under its ``checkpoint.save``
 (``aclarena_slime.lora.checkpoint``; the manifest records the iteration). A stage that the local
-backend runs gets the local profile, as ``launch/stage.sh`` gives it.
+backend runs gets the local profile, as ``launch/stage.sh`` gives it. A curriculum with a ``reuse`` folder
+takes a stage that another curriculum already finished identically from it (:mod:`.reuse`).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.curriculum import reuse
 from aclarena_slime.curriculum.config import (
     CurriculumConfig,
     StageEntry,
@@ -171,6 +174,12 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
                        earlier)  # fmt: skip
         if config.replay.enabled:
             attach_replay(recipe, config.replay, earlier)
+        key = _fingerprint(config, manifest, entry, recipe, source) if config.reuse else None
+        found = reuse.find(config.reuse, key)
+        if found is not None:
+            _adopt(manifest, entry, recipe, source, source_name, found, key, out)
+            previous = entry.name
+            continue
         resumed = latest_iteration(adapter_checkpoint_root(recipe.checkpoint.save)) if recipe.lora.enabled else None
         if resumed is not None:
             print(f"[curriculum] {entry.name}: resuming its adapter from iteration {resumed}", file=sys.stderr)
@@ -178,7 +187,7 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
             entry.name, recipe=entry.recipe, env=recipe.data.env, start_from=source_name,
             loaded=(source or {}).get("checkpoint") or (source or {}).get("adapter") or recipe.checkpoint.load,
             ref_load=recipe.checkpoint.ref_load if recipe.algorithm.use_kl_loss else None,
-            status=RUNNING, started_at=time.time(), resumed_adapter_iteration=resumed,
+            status=RUNNING, started_at=time.time(), resumed_adapter_iteration=resumed, fingerprint=key,
         )  # fmt: skip
         _distill(entry, recipe, manifest, out)
         result = runner(recipe)
@@ -199,16 +208,69 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
         if entry.expert:
             if not result.adapter:
                 raise CurriculumFailed(f"stage {entry.name} is the {entry.expert!r} expert but produced no adapter")
-            # The weights the expert was trained on, as SGLang loads them: the HF export when there is one.
-            base_path = (source or {}).get("hf_checkpoint") or (source or {}).get("checkpoint") or ""
-            if recipe.checkpoint.ckpt_step is not None:  # an earlier iteration's export (see stage_recipe)
-                base_path = recipe.model.hf_checkpoint
-            manifest.set_expert(entry.expert, _relative(result.adapter, out), entry.name, {
-                "name": source_name or "base", "path": base_path,
-            })  # fmt: skip
+            _set_expert(manifest, entry, recipe, source, source_name, result.adapter, out)
         _evaluate(manifest, evaluator, entry.name, out, bool(config.evaluation.command))
+        done = manifest.stage(entry.name) or {}
+        if key and config.reuse and done.get("eval"):
+            reuse.record(config.reuse, key, config.name, done, out)
         previous = entry.name
     return manifest
+
+
+def _set_expert(
+    manifest: Manifest,
+    entry: StageEntry,
+    recipe: StageRecipe,
+    source: dict[str, Any] | None,
+    source_name: str | None,
+    adapter: str,
+    out: Path,
+) -> None:
+    """Register the stage's adapter as the expert of its tag, with the weights it was trained on."""
+    # The weights the expert was trained on, as SGLang loads them: the HF export when there is one.
+    base_path = (source or {}).get("hf_checkpoint") or (source or {}).get("checkpoint") or ""
+    if recipe.checkpoint.ckpt_step is not None:  # an earlier iteration's export (see stage_recipe)
+        base_path = recipe.model.hf_checkpoint
+    manifest.set_expert(entry.expert or "", _relative(adapter, out), entry.name, {
+        "name": source_name or "base", "path": base_path,
+    })  # fmt: skip
+
+
+def _fingerprint(
+    config: CurriculumConfig, manifest: Manifest, entry: StageEntry, recipe: StageRecipe, source: dict[str, Any] | None
+) -> str | None:
+    """The stage's fingerprint: its recipe, its evaluation, and the stages whose outputs it reads (the one it
+    starts from, those whose experts are served beside it, those whose dumps it distills)."""
+    read = {e["stage"] for e in manifest.data["experts"].values()} | set((entry.distill.dumps if entry.distill
+                                                                            else {}).values())  # fmt: skip
+    inputs = [(source or {}).get("fingerprint") if source else "",
+              *((manifest.stage(name) or {}).get("fingerprint") for name in sorted(read))]  # fmt: skip
+    return reuse.fingerprint(recipe, config.output_dir, inputs, list(config.evaluation.command))
+
+
+def _adopt(
+    manifest: Manifest,
+    entry: StageEntry,
+    recipe: StageRecipe,
+    source: dict[str, Any] | None,
+    source_name: str | None,
+    found: dict[str, Any],
+    key: str | None,
+    out: Path,
+) -> None:
+    """Take a finished identical stage (``found``, from the reuse folder) as this stage's result."""
+    stored = {k: v for k, v in found["entry"].items() if k not in ("name", "fingerprint", "reused_from")}
+    origin = f"{found['curriculum']}:{found['stage']}"
+    print(f"[curriculum] {entry.name}: identical to {origin}, finished earlier; reused", file=sys.stderr)
+    if entry.expert:
+        if not stored.get("adapter"):
+            raise CurriculumFailed(f"stage {entry.name} is the {entry.expert!r} expert but {origin} has no adapter")
+        copy = out / "reused" / entry.name / "adapter"  # the expert manifest names adapters inside its folder
+        shutil.copytree(stored["adapter"], copy, dirs_exist_ok=True)
+        stored["adapter"] = str(copy)
+    manifest.update_stage(entry.name, **stored, fingerprint=key, reused_from=origin)
+    if entry.expert:
+        _set_expert(manifest, entry, recipe, source, source_name, stored["adapter"], out)
 
 
 def _distill(entry: StageEntry, recipe: StageRecipe, manifest: Manifest, out: Path) -> None:

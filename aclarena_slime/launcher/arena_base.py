@@ -1,12 +1,13 @@
-"""The arena's local parts: its shared base model (the tiny model warm-started once on every domain's gold
-demos) and the evaluation of a stage's policy on the local engine. Here, beside the launcher, because they run
-the local backend (the curriculum imports no backend).
+"""The arena's local parts: its shared base model (the tiny model lightly fine-tuned once on every domain's
+gold demos) and the evaluation of a stage's policy on the local engine. Here, beside the launcher, because they
+run the local backend (the curriculum imports no backend).
 
-The paper's methods all start from one model that already knows a little of every domain (Qwen3-8B-Base).
-On a CPU that model is the tiny one, its tokenizer trained on every domain's warm-start text, then fine-tuned
-in full on the gold demo trajectories of every domain that has them (the local backend's warm start, all
-domains mixed in one SFT run). It is built once per seed and reused by every method: a method's difference
-from another is then only what its stages train. Domains without gold demos (retail) add nothing to it.
+The paper's methods all start from one model (Qwen3-8B-Base). On a CPU that model is the tiny one, its
+tokenizer trained on every domain's warm-start text, then fine-tuned in full for a few steps on the gold demo
+trajectories of every domain that has them (the local backend's warm start, all domains mixed in one SFT
+run): the output format, not the answers, which each stage's own warm start teaches. It is built once per
+seed and reused by every method: a method's difference from another is then only what its stages train.
+Domains without gold demos (retail) add nothing to it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ __all__ = ["BaseSettings", "LocalStageConfig", "build_base", "evaluate_policy", 
 class BaseSettings:
     """The shared warm start: SFT steps over every domain's gold demos mixed, and the records per domain."""
 
-    steps: int = 600
+    steps: int = 100
     records: int = 256  # gold demo records per domain
     lr: float = 3.0e-3
     batch_size: int = 16

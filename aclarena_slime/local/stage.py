@@ -52,7 +52,7 @@ from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.records import Sample, bind_engine, new_sample, replay_mixture, stage_records
-from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
+from aclarena_slime.local.sft import SftExample, SftSettings, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.plugin.registry import get_environment
@@ -79,11 +79,14 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     started = time.monotonic()
     model_dir = stage_model(cfg, await tokenizer_texts(cfg))
     warm: dict[str, Any] | None = None
-    if cfg.warm_start_steps:
+    into_policy = cfg.warm_start_steps and cfg.warm_start_target == "policy"
+    if cfg.warm_start_steps and not into_policy:
         model_dir, warm = await warm_start_phase(cfg, model_dir)
     trainer = PolicyTrainer.build(
         model_dir, train_settings(cfg), None if cfg.full_finetune else cfg.lora, cfg.base_adapter, cfg.seed
     )
+    if into_policy:
+        warm = await policy_warm_start(cfg, model_dir, trainer)
     async with served_stage(cfg, model_dir) as stage:
         phase = sft_phase if cfg.kind == "sft" else grpo_phase
         result = await phase(cfg, stage, trainer)
@@ -423,6 +426,37 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
     if cached is not None:
         backbone = cfg.warm_start_dir.resolve()
         return backbone, {**cached, "backbone": str(backbone), "cached": True, "engine_generated_tokens": 0}
+    before, examples, replay, generated = await warm_start_examples(cfg, model_dir)
+    settings = warm_start_settings(cfg)
+    (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
+    backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
+    report = {"eval_before": before, "demos": replay, "sft": sft, "backbone": str(backbone)}
+    write_json_atomic(backbone / WARM_START_RECORD, {"key": warm_start_key(cfg), "warm_start": report})
+    return backbone, {**report, "cached": False, "engine_generated_tokens": generated}
+
+
+async def policy_warm_start(cfg: LocalStageConfig, model_dir: Path, trainer: PolicyTrainer) -> dict[str, Any]:
+    """The warm start into the stage's policy (``warm_start_target: policy``): the same SFT on the gold demos,
+    on the trainer's parameters (a LoRA expert: the backbone stays as it is, shared by other experts)."""
+    before, examples, replay, generated = await warm_start_examples(cfg, model_dir)
+    settings = warm_start_settings(cfg)
+    sft = await asyncio.to_thread(train_sft, trainer.model, examples, settings, trainer.pad_id, cfg.seed)
+    return {"eval_before": before, "demos": replay, "sft": sft, "target": "policy", "cached": False,
+            "engine_generated_tokens": generated}  # fmt: skip
+
+
+def warm_start_settings(cfg: LocalStageConfig) -> SftSettings:
+    return SftSettings(
+        steps=cfg.warm_start_steps,
+        batch_size=cfg.warm_start_batch_size,
+        lr=cfg.warm_start_lr,
+        micro_batch_size=cfg.micro_batch_size,
+    )
+
+
+async def warm_start_examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[Any, list[SftExample], Any, int]:
+    """The base model's held-out reward, the env's gold demo trajectories as SFT examples (those scoring at least
+    the warm start's bar), the replay's report, and the tokens the engine generated."""
     async with served_stage(cfg, model_dir) as stage:
         records = stage_records(stage.env, cfg)
         with _progress(cfg.progress) as progress:
@@ -446,17 +480,7 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
             f"no gold demo trajectory of {cfg.warm_start_demos} scored at least {best} within "
             f"max_response_len={cfg.max_response_len} ({replay.as_dict()}); nothing to warm-start on"
         )
-    settings = SftSettings(
-        steps=cfg.warm_start_steps,
-        batch_size=cfg.warm_start_batch_size,
-        lr=cfg.warm_start_lr,
-        micro_batch_size=cfg.micro_batch_size,
-    )
-    (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
-    backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
-    report = {"eval_before": before, "demos": replay.as_dict(), "sft": sft, "backbone": str(backbone)}
-    write_json_atomic(backbone / WARM_START_RECORD, {"key": warm_start_key(cfg), "warm_start": report})
-    return backbone, {**report, "cached": False, "engine_generated_tokens": stage.engine.generated_tokens}
+    return before, examples, replay.as_dict(), stage.engine.generated_tokens
 
 
 def _end_of_turn(model: MultiLoraModel) -> int:

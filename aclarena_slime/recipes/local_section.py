@@ -12,6 +12,9 @@ from dataclasses import dataclass
 TINY_MODEL = "tiny"  # the local backend's tiny Qwen3-shaped model, built in process (no download)
 
 
+WARM_START_TARGETS = ("backbone", "policy")
+
+
 class LocalConfigError(ValueError):
     """A local-stage setting that cannot work; the message names the setting."""
 
@@ -56,6 +59,10 @@ class LocalBackendSettings:
     warm_start_lr: float = 1e-3
     warm_start_batch_size: int = 16
     warm_start_min_reward: float | None = None  # None: the env's best reward
+    # What the warm start trains: "backbone" (a full fine-tune of the model; a LoRA expert then trains on the
+    # new backbone) or "policy" (the stage's own policy: its LoRA expert on the unchanged model, as MLE needs
+    # one frozen backbone under every expert; with full fine-tuning both are the same).
+    warm_start_target: str = "backbone"
 
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "updates_per_step", "micro_batch_size", "max_running_requests",
@@ -76,5 +83,9 @@ class LocalBackendSettings:
             raise LocalConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         if not 0 <= self.engine_port < 65536:
             raise LocalConfigError(f"engine_port must be 0..65535, got {self.engine_port!r}")
+        if self.warm_start_target not in WARM_START_TARGETS:
+            raise LocalConfigError(
+                f"warm_start_target must be one of {', '.join(WARM_START_TARGETS)}, got {self.warm_start_target!r}"
+            )
         if self.warm_start_lr <= 0:
             raise LocalConfigError(f"warm_start_lr must be positive, got {self.warm_start_lr!r}")

@@ -9,9 +9,16 @@ import pytest
 import yaml
 
 from aclarena_slime.cli import main as cli
-from aclarena_slime.curriculum.arena import domain_configs, is_arena, load_arena, method_curriculum, run_arena
+from aclarena_slime.curriculum.arena import (
+    domain_configs,
+    held_out_suite,
+    is_arena,
+    load_arena,
+    method_curriculum,
+    run_arena,
+)
 from aclarena_slime.curriculum.config import load_curriculum
-from aclarena_slime.curriculum.methods import MethodError
+from aclarena_slime.curriculum.methods import WARM_START_INTO_EXPERT, MethodError
 from aclarena_slime.recipes.compose import RecipeError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +50,13 @@ def arena_file(tmp_path: Path, methods: dict, **extra) -> Path:
         "output_dir": str(tmp_path / "out"),
         "base": {"steps": 4, "records": 16, "batch_size": 8},
         "eval_size": 2,
-        # tiny sizes: 1 GRPO step of 2 prompts x 2 samples per stage, short answers
-        "overrides": ["rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2"],
+        # tiny sizes: a 4-step warm start, 1 GRPO step of 2 prompts x 2 samples per stage, short answers
+        "overrides": [
+            "rollout.rollout_batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "cluster.local.warm_start_steps=4",
+            "cluster.local.warm_start_records=16",
+        ],  # fmt: skip
         "stages": [
             {"name": "math", "recipe": str(RECIPES / "stage1_math.yaml"), "overrides": ["rollout.num_rollout=1"]},
             {
@@ -86,8 +98,23 @@ def test_the_built_in_methods_differ_in_what_each_stage_trains(tmp_path):
     assert "++algorithm.use_kl_loss=true" in kl[1]["overrides"]
     assert [s.get("expert") for s in made["mle"]["stages"]] == ["math", "ifeval"]
     assert all(s["start"] == "recipe" and "lora.enabled=true" in s["overrides"] for s in made["mle"]["stages"])
+    # the expert's warm start trains the expert: the base stays the one backbone under every expert
+    assert all(WARM_START_INTO_EXPERT in s["overrides"] for s in made["mle"]["stages"])
     assert method_curriculum(config, "oracles", tmp_path)[1]  # independent models
     assert all("lora.enabled=false" in s["overrides"] for s in made["sequential"]["stages"])
+
+
+def test_each_domain_is_held_out_on_its_own_eval_size(tmp_path):
+    path = arena_file(tmp_path, {"s": {"method": "aclarena_slime.curriculum.methods.sequential"}})
+    data = yaml.safe_load(path.read_text())
+    data["stages"][1]["eval_size"] = 3
+    path.write_text(yaml.safe_dump(data))
+    config = load_arena(path)
+    assert {d.name: d.demo for d in held_out_suite(domain_configs(config)).datasets} == {"math": 2, "ifeval": 3}
+    curriculum = method_curriculum(config, "s", tmp_path)[0]
+    # the stage's own held-out records are the ones evaluated, so it never trains on them
+    assert curriculum["stages"][1]["overrides"][-2] == "cluster.local.eval_size=3"
+    assert curriculum["reuse"] == str(tmp_path / "out" / "seed_0" / "stages")  # shared by the seed's methods
 
 
 def test_bad_methods_and_stages_are_named(tmp_path):
@@ -97,6 +124,10 @@ def test_bad_methods_and_stages_are_named(tmp_path):
     config = load_arena(arena_file(tmp_path, {"x": {"method": "aclarena_slime.curriculum.methods.kl_anchor",
                                                     "options": {"coef": -1}}}))  # fmt: skip
     with pytest.raises(MethodError, match="kl_anchor"):
+        method_curriculum(config, "x", tmp_path)
+    config = load_arena(arena_file(tmp_path, {"x": {"method": "aclarena_slime.curriculum.methods.mle",
+                                                    "options": {"rank": 4}}}))  # fmt: skip
+    with pytest.raises(MethodError, match="mle: options are lr and warm_start_lr"):
         method_curriculum(config, "x", tmp_path)
     path = arena_file(tmp_path, {"s": {"method": "aclarena_slime.curriculum.methods.sequential"}})
     data = yaml.safe_load(path.read_text())
@@ -121,6 +152,10 @@ def test_a_short_arena_gives_every_method_a_matrix_and_a_row(tmp_path, plugin, c
         assert all(s["eval"] for s in manifest["stages"])  # every stage evaluated on every domain
     chain = json.loads(Path(index["methods"]["gentle"]["manifest"]).read_text())["stages"]
     assert chain[0]["loaded"] == str(base) and chain[1]["start_from"] == "math"
+    # the math oracle is the chain's first stage (same start, settings, seed): taken, not trained again
+    oracles = json.loads(Path(index["methods"]["oracles"]["manifest"]).read_text())["stages"]
+    assert oracles[0]["reused_from"] == "t_gentle:math" and oracles[0]["checkpoint"] == chain[0]["checkpoint"]
+    assert "reused_from" not in oracles[1]  # the IFEval oracle starts from the base, the chain's from math
     out = tmp_path / "cmp"
     runs = [f"--run={name}={entry['manifest']}" for name, entry in index["methods"].items()]
     assert cli(["eval", "matrix", *runs, "--base", index["base_eval"], "--out", str(out), "--json"]) == 0

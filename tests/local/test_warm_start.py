@@ -310,6 +310,39 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "warm_start_lr": 5e-3})) is None
 
 
+def test_a_warm_start_into_the_policy_trains_the_expert_and_leaves_the_model(tmp_path):
+    """warm_start_target=policy (the arena's MLE): the SFT trains the LoRA expert; the backbone stays the one
+    every other expert is served on."""
+    from aclarena_slime.local.stage import run_stage
+
+    cfg = LocalStageConfig(
+        env="math",
+        output_dir=str(tmp_path / "math"),
+        env_config={"workers": 1},
+        steps=1,
+        prompts_per_step=2,
+        samples_per_prompt=2,
+        max_response_len=16,
+        eval_size=2,
+        torch_threads=1,
+        progress=False,
+        warm_start_steps=3,
+        warm_start_records=8,
+        warm_start_demos="aclarena_envs.math.data.demo_turns",
+        warm_start_target="policy",
+    )
+    metrics = run_stage(cfg)
+    warm = metrics["warm_start"]
+    assert warm["target"] == "policy" and warm["sft"]["nll_after"] < warm["sft"]["nll_before"]
+    assert not cfg.warm_start_dir.exists()  # no new backbone
+    base = str((tmp_path / "math" / "base_model").resolve())
+    assert metrics["model_dir"] == base
+    assert json.loads((cfg.adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
+    with pytest.raises(LocalConfigError, match="warm_start_target"):
+        LocalStageConfig(**{**cfg.to_dict(), "warm_start_target": "adapter"})
+
+
 def test_the_local_profile_picks_the_stage_envs_demos_or_warns(tmp_path):
     from aclarena_slime.local.spec import local_config
     from aclarena_slime.recipes.compose import load_recipe
