@@ -6,9 +6,10 @@ and runs them (or refuses them, naming the setting). Nothing here imports a back
 - lineage: the stage starts from its source's checkpoint (slime) or adapter (``cluster.local.base_adapter``).
 - KL anchor: ``algorithm.use_kl_loss`` with the previous stage as the reference (``checkpoint.ref_load``
   on slime; the local backend's reference is the policy the stage starts from, its ``base_adapter``).
-- replay: ``custom.aclarena_replay`` and the balanced data source; the earlier stages' env settings and
-  services join the stage's, so the multi-env rollout can run every replayed prompt. The local backend
-  mixes the earlier envs' records into its own with the same balancer and weights.
+- replay: ``custom.aclarena_replay`` and the balanced data source; the earlier stages' env settings (each
+  env's as its own stage ran it) and services join the stage's, so the multi-env rollout can run every
+  replayed prompt. The local backend mixes the earlier envs' records into its own with the same balancer
+  and weights.
 - monitor: the recipe's ``monitor`` section, the earlier domains checked while the stage trains. The local
   backend runs the check itself; slime runs the datasets as its ``--eval-config`` and the alarm in its
   eval-log hook (:mod:`aclarena_slime.slime_edge.monitor`).
@@ -71,9 +72,18 @@ def attach_replay(recipe: Any, settings: ReplaySettings, earlier: Sequence[Any])
 
 
 def adopt_envs(recipe: Any, earlier: Sequence[Any]) -> None:
-    """Give ``recipe`` the env settings and services of the ``earlier`` stages' envs (its own win)."""
+    """Give ``recipe`` the env settings and services of the ``earlier`` stages' envs (its own services win).
+
+    An earlier env runs with the settings its own stage (the latest of its domain) ran with, as that stage's
+    backend composed them (on the local backend its local env settings, the engine placeholders bound when
+    this stage's engine starts), not with whatever ``recipe`` holds for it: a setting every stage gets for an
+    env (the arena's ``++env_config.<tag>.data_dir``) would be a partial entry, the paper's settings for the
+    rest. The stage's own env keeps its settings.
+    """
     for r in earlier:
-        recipe.env_config.setdefault(r.data.env, copy.deepcopy(r.env_config.get(r.data.env) or {}))
+        tag, settings = r.data.env, r.env_config.get(r.data.env)
+        if tag != recipe.data.env and (settings is not None or tag not in recipe.env_config):
+            recipe.env_config[tag] = copy.deepcopy(settings or {})
         for name, service in r.services.items():
             recipe.services.setdefault(name, service)
 

@@ -206,6 +206,15 @@ def prompt_key(record: dict[str, Any]) -> str:
     return json.dumps(record.get("prompt"), sort_keys=True)
 
 
+def stage_env_configs(cfg: LocalStageConfig, url: str) -> dict[str, dict[str, Any]]:
+    """The settings of every env the stage runs, bound to its engine at ``url``: its own env's first, then each
+    replayed domain's (``cfg.replay``'s ``env_config``: what that domain's own stage ran with, so the earlier
+    env plays here as it played there, its engine placeholders now naming this stage's engine)."""
+    replayed = (cfg.replay.get("env_config") or {}) if cfg.replay.get("enabled") else {}
+    configs = {cfg.env: cfg.env_config, **{t: replayed.get(t) or {} for t in cfg.replay.get("domains") or ()}}
+    return {tag: bind_engine(config, url, cfg.served_name) for tag, config in configs.items()}
+
+
 def replay_mixture(
     cfg: LocalStageConfig, train: list[dict[str, Any]], env_configs: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:

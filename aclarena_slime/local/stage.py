@@ -51,7 +51,14 @@ from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.local.records import Sample, bind_engine, new_sample, replay_mixture, stage_records
+from aclarena_slime.local.records import (
+    Sample,
+    bind_engine,
+    new_sample,
+    replay_mixture,
+    stage_env_configs,
+    stage_records,
+)
 from aclarena_slime.local.sft import SftExample, SftSettings, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
@@ -192,13 +199,11 @@ async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[
         served_name=cfg.served_name,
     )
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
-        replayed = (cfg.replay.get("env_config") or {}) if cfg.replay.get("enabled") else {}
-        configs = {cfg.env: cfg.env_config, **{t: replayed.get(t) or {} for t in cfg.replay.get("domains") or ()}}
         context = RolloutContext(
             engine_url=url,
             load_chat=functools.partial(load_chat_tokens, str(model_dir)),
             budgets=Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
-            env_configs={tag: bind_engine(config, url, cfg.served_name) for tag, config in configs.items()},
+            env_configs=stage_env_configs(cfg, url),
         )
         try:
             yield ServedStage(engine, url, model_dir, context)

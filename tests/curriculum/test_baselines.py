@@ -11,6 +11,8 @@ from aclarena_slime.curriculum.manifest import MANIFEST_NAME
 from aclarena_slime.curriculum.runner import run_curriculum
 from aclarena_slime.curriculum.sections import DATA_SOURCE
 from aclarena_slime.launcher.stage import StageResult
+from aclarena_slime.local.records import replay_mixture, stage_env_configs
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compiler import compile_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -77,6 +79,41 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
     assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
     assert second["cost"]["trainer_steps"] == 2 and second["cost"]["rollout_tokens"] > 0 and second["cost"]["counted"]
+
+
+def _retail_data(root: Path) -> Path:
+    """A τ³-shaped retail data folder with one train task: enough for the env's demo records."""
+    root.mkdir(parents=True)
+    (root / "db.json").write_text(json.dumps({"products": {}, "users": {}, "orders": {}}))
+    (root / "tasks.json").write_text(json.dumps([{"id": "t0", "user_scenario": {}}]))
+    (root / "split_tasks.json").write_text(json.dumps({"train": ["t0"]}))
+    (root / "policy.md").write_text("# policy\n")
+    return root
+
+
+def test_local_replay_runs_the_earlier_env_with_its_own_stages_settings(tmp_path: Path):
+    """A setting every stage gets for an env (the arena's ``++env_config.retail.data_dir``) gives a later stage a
+    partial entry for it; the replayed env still runs with what its own stage ran on the local backend (the
+    local retail user, served by the replaying stage's engine), not with that entry (the arena's IFEval crash)."""
+    data = _retail_data(tmp_path / "tau3-retail")
+    path = tmp_path / "replay.yaml"
+    path.write_text(
+        f"name: replay_retail\noutput_dir: {tmp_path / 'out'}\n"
+        f"overrides: [cluster=local, paths.root={tmp_path}, '++env_config.retail.data_dir={data}']\n"
+        f"stages:\n  - {{name: r_retail, recipe: {RECIPES}/stage3_retail.yaml}}\n"
+        f"  - {{name: r_if, recipe: {RECIPES}/stage4_if.yaml}}\n"
+        "replay: {enabled: true, share: 0.5}\n"
+    )
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    retail, ifeval = (local_config(r) for r in runner.recipes)
+    assert ifeval.replay["env_config"]["retail"] == dict(retail.env_config)
+    url = "http://127.0.0.1:9"
+    configs = stage_env_configs(ifeval, url)
+    assert list(configs) == ["ifeval", "retail"] and configs["retail"]["user"]["base_url"] == f"{url}/v1"
+    own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(4)]
+    records = replay_mixture(ifeval, own, configs)  # builds the replayed retail env (the crash was here)
+    assert [r["metadata"]["env"] for r in records].count("retail") == 2
 
 
 @pytest.mark.parametrize("cluster", ["paper_2x8", "single_8"])
