@@ -451,6 +451,8 @@ async def policy_warm_start(cfg: LocalStageConfig, model_dir: Path, trainer: Pol
 
 
 def warm_start_settings(cfg: LocalStageConfig) -> SftSettings:
+    """The warm start's SFT schedule (the recipe's ``cluster.local.warm_start_*``), the same for a backbone or an
+    expert target."""
     return SftSettings(
         steps=cfg.warm_start_steps,
         batch_size=cfg.warm_start_batch_size,
