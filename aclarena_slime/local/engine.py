@@ -1,7 +1,7 @@
 """The embedded engine: SGLang's HTTP API (the subset our rollout and router use) over :class:`MultiLoraModel`.
 
 Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, ``return_logprob``,
-``lora_path``), ``POST /load_lora_adapter`` (with an optional ``checksum`` of the folder, checked
+``logprob_start_len``, ``return_text_in_logprobs``, ``lora_path``; ``max_new_tokens: 0`` scores the prompt), ``POST /load_lora_adapter`` (with an optional ``checksum`` of the folder, checked
 before the adapter is served; SGLang has no such field) / ``/unload_lora_adapter``, ``GET /health``,
 ``/health_generate``, ``/v1/models``, and OpenAI ``POST /v1/chat/completions`` (``model="<served>"`` is
 the base model, ``"<served>:<adapter>"`` an adapter) for user simulators and the router. Since the
