@@ -2,11 +2,11 @@
 
 No HTTP here: :mod:`.engine` serves this over SGLang's protocol. Requests join a running batch as
 they arrive (one batched prefill) and leave it as they finish (EOS, stop token or string,
-``max_new_tokens``, abort); each step is one forward of :class:`~.forward.BatchForward` for all of
-them, each row on its own adapter. The log-prob reported for each token is
-``log_softmax(logits / T)`` at that token, before top-p/top-k filtering, as SGLang reports it and as
-:func:`token_log_probs` lets the trainer recompute it (slime also divides the logits by the rollout
-temperature). With top_p=1 and top_k off that is exactly the distribution the token was drawn from.
+``max_new_tokens``, abort; a prompt only scored, ``max_new_tokens`` 0, right after its prefill); each
+step is one forward of :class:`~.forward.BatchForward` for all of them, each row on its own adapter.
+The log-prob reported for each token is ``log_softmax(logits / T)`` at that token, before
+top-p/top-k filtering, as SGLang reports it and as :func:`token_log_probs` lets the trainer recompute
+it (slime also divides the logits by the rollout temperature). With top_p=1 and top_k off that is exactly the distribution the token was drawn from.
 """
 
 from __future__ import annotations
@@ -366,11 +366,12 @@ class MultiLoraModel:
             logits = self.forward.prefill(ids, lengths, cache, torch.tensor(new), self._adapters(admitted), first)
             if first is not None:
                 logits = self._score_prompts(admitted, first, logits)
-            scored = [
-                (slot, {"type": LENGTH, "length": 0}) for slot, r in zip(new, admitted, strict=True) if r.budget <= 0
-            ]
-            going = [i for i, r in enumerate(admitted) if r.budget > 0]
-            self._advance(logits[going], [new[i] for i in going], cache, scored)
+            if all(r.budget > 0 for r in admitted):
+                self._advance(logits, new, cache)
+            else:  # prompts only scored leave now, unsampled
+                going = [i for i, r in enumerate(admitted) if r.budget > 0]
+                scored = [(new[i], {"type": LENGTH, "length": 0}) for i, r in enumerate(admitted) if r.budget <= 0]
+                self._advance(logits[going], [new[i] for i in going], cache, scored)
         running = self._running
         if running:
             cache.fit(max(r.length for r in running) + 1)
