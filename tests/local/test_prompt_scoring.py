@@ -65,16 +65,28 @@ async def test_default_start_and_the_prompts_end_report_nothing_and_texts_come_o
     assert "".join(e[2] for e in entries) == engine.model.tokenizer.decode(ids[2:])
 
 
-async def test_a_generating_request_reports_its_prompt_too_and_samples_the_same(engine, reference_log_probs):
-    ids = prompt(engine, 2)
+async def test_a_generating_request_reports_its_prompt_too_and_samples_the_same(
+    engine, adapter_dir, reference_log_probs
+):
+    ids, other = prompt(engine, 2), prompt(engine, 1)
     params = {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 4}
     plain = await engine.client.generate(ids, params)
     assert plain["meta_info"]["input_token_logprobs"] == [[None, ids[-1], None]]  # SGLang's default: the last token
-    asked = await engine.client.generate(ids, params, extra={"logprob_start_len": 0})
-    assert output_tokens(asked) == output_tokens(plain)
+    plain_other = await engine.client.generate(other, params, lora_path="expert")
+    # Sent together, so that they are likely to share a prefill: one asking from 0, one not asking, one only scored.
+    asked, not_asked, scored = await asyncio.gather(
+        engine.client.generate(ids, params, extra={"logprob_start_len": 0}),
+        engine.client.generate(other, params, lora_path="expert"),
+        score(engine, ids, 1, "expert"),
+    )
+    assert output_tokens(asked)[0] == output_tokens(plain)[0]  # the log-probs too, to float32 rounding:
+    assert output_tokens(asked)[1] == pytest.approx(output_tokens(plain)[1], abs=1e-5)  # their batch-mates differ
+    assert output_tokens(not_asked)[0] == output_tokens(plain_other)[0]
     entries = asked["meta_info"]["input_token_logprobs"]
     assert [e[1] for e in entries] == ids and entries[0][0] is None
     assert [e[0] for e in entries[1:]] == pytest.approx(reference_log_probs(ids[:1], ids[1:], 1.0), abs=1e-5)
+    expected = reference_log_probs(ids[:2], ids[2:], 1.0, adapter_dir)
+    assert [e[0] for e in scored["meta_info"]["input_token_logprobs"][1:]] == pytest.approx(expected, abs=1e-5)
 
 
 async def test_scoring_beside_generating_requests_leaves_them_as_they_were(engine, adapter_dir, reference_log_probs):
