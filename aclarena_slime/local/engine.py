@@ -128,6 +128,9 @@ class LocalEngine:
         params = _params(payload.get("sampling_params"))
         start = None  # the first prompt position reported, when log-probs are asked for
         if payload.get("return_logprob"):
+            unserved = [k for k in ("top_logprobs_num", "token_ids_logprob") if payload.get(k)]
+            if unserved:  # refused rather than answered without them
+                raise _bad_request(f"{unserved} are not served by the local engine (token log-probs only)")
             start = _logprob_start(payload.get("logprob_start_len"), len(input_ids), params.max_new_tokens == 0)
         rid = rid or uuid.uuid4().hex
         result = await _served(self.generate(input_ids, params, lora, rid, start))

@@ -126,6 +126,7 @@ async def test_scoring_beside_generating_requests_leaves_them_as_they_were(engin
         ({"logprob_start_len": -2}, 0, "logprob_start_len must be -1"),
         ({"logprob_start_len": "3"}, 0, "logprob_start_len must be -1"),
         ({"logprob_start_len": 2, "lora_path": "nobody"}, 0, "not loaded"),
+        ({"logprob_start_len": 2, "top_logprobs_num": 5}, 0, "not served by the local engine"),
     ],
 )
 async def test_bad_scoring_requests_get_sglangs_error(engine, extra, max_new_tokens, words):
@@ -135,5 +136,6 @@ async def test_bad_scoring_requests_get_sglangs_error(engine, extra, max_new_tok
             assert resp.status == 400
             assert words in (await resp.json())["error"]["message"]
         # Without return_logprob SGLang ignores logprob_start_len; the engine still serves.
-        async with session.post(f"{engine.url}/generate", json={**payload, **extra, "lora_path": None}) as resp:
+        plain = {**payload, "logprob_start_len": extra["logprob_start_len"]}
+        async with session.post(f"{engine.url}/generate", json=plain) as resp:
             assert resp.status == 200
