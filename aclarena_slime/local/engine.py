@@ -1,7 +1,7 @@
 """The embedded engine: SGLang's HTTP API (the subset our rollout and router use) over :class:`MultiLoraModel`.
 
 Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, ``return_logprob``,
-``lora_path``), ``POST /load_lora_adapter`` (with an optional ``checksum`` of the folder, checked
+``logprob_start_len``, ``return_text_in_logprobs``, ``lora_path``; ``max_new_tokens: 0`` scores the prompt), ``POST /load_lora_adapter`` (with an optional ``checksum`` of the folder, checked
 before the adapter is served; SGLang has no such field) / ``/unload_lora_adapter``, ``GET /health``,
 ``/health_generate``, ``/v1/models``, and OpenAI ``POST /v1/chat/completions`` (``model="<served>"`` is
 the base model, ``"<served>:<adapter>"`` an adapter) for user simulators and the router. Since the
@@ -80,10 +80,15 @@ class LocalEngine:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def generate(
-        self, input_ids: list[int], params: SamplingParams, adapter: str | None, rid: str | None = None
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        adapter: str | None,
+        rid: str | None = None,
+        logprob_start: int | None = None,
     ) -> Generation:
         rid = rid or uuid.uuid4().hex
-        request = self.model.submit(input_ids, params, adapter)
+        request = self.model.submit(input_ids, params, adapter, logprob_start)
         self.requests[rid] = request
         try:
             result = await asyncio.wrap_future(request.future)
@@ -121,19 +126,32 @@ class LocalEngine:
         if rid is not None and not isinstance(rid, str):
             raise _bad_request("rid must be a string (one request id)")
         params = _params(payload.get("sampling_params"))
+        start = None  # the first prompt position reported, when log-probs are asked for
+        if payload.get("return_logprob"):
+            unserved = [k for k in ("top_logprobs_num", "token_ids_logprob") if payload.get(k)]
+            if unserved:  # refused rather than answered without them
+                raise _bad_request(f"{unserved} are not served by the local engine (token log-probs only)")
+            start = _logprob_start(payload.get("logprob_start_len"), len(input_ids), params.max_new_tokens == 0)
         rid = rid or uuid.uuid4().hex
-        result = await _served(self.generate(input_ids, params, lora, rid))
+        result = await _served(self.generate(input_ids, params, lora, rid, start))
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": result.finish,
             "prompt_tokens": len(input_ids),
             "completion_tokens": len(result.output_ids),
         }
-        if payload.get("return_logprob"):
-            meta["output_token_logprobs"] = [
-                [lp, t, None] for lp, t in zip(result.log_probs, result.output_ids, strict=True)
-            ]
+        if start is not None:
+            with_text = bool(payload.get("return_text_in_logprobs"))
+            # SGLang's shape: from position K on, the first entry None (its logits are the position before K's).
+            scores = [None, *result.input_log_probs] if start < len(input_ids) else []
+            meta["input_token_logprobs"] = self._logprob_entries(scores, input_ids[start:], with_text)
+            meta["output_token_logprobs"] = self._logprob_entries(result.log_probs, result.output_ids, with_text)
         return web.json_response({"text": self._text(result), "output_ids": result.output_ids, "meta_info": meta})
+
+    def _logprob_entries(self, scores: list[float | None], ids: list[int], with_text: bool) -> list[list[Any]]:
+        """``[logprob, token_id, text]`` each; the text (each token decoded alone) only with ``return_text_in_logprobs``."""
+        texts = self.model.tokenizer.batch_decode([[t] for t in ids]) if with_text else [None] * len(ids)
+        return [[lp, t, text] for lp, t, text in zip(scores, ids, texts, strict=True)]
 
     def _text(self, result: Generation) -> str:
         text = self.model.decode(result.output_ids)
@@ -256,6 +274,26 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise _invalid_body("the body must be a JSON object")
     return payload
+
+
+def _logprob_start(raw: Any, prompt: int, scoring: bool) -> int:
+    """SGLang's ``logprob_start_len`` for a prompt of ``prompt`` tokens: the first position reported.
+
+    -1 (the default): none of the prompt for a scoring request (``max_new_tokens`` 0), its last token
+    (always None) otherwise. SGLang refuses a start past the last prompt token for a request that
+    generates, with this message; a scoring request may start at the end (nothing to report), and is
+    refused past it here with the same message (SGLang does not check that case).
+    """
+    if raw is None or raw == -1:
+        return prompt if scoring else prompt - 1
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise _bad_request(f"logprob_start_len must be -1 or a position in the prompt, got {raw!r}")
+    if raw > prompt or (raw == prompt and not scoring):
+        raise _bad_request(
+            f"req.logprob_start_len={raw} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={prompt}. Please use a smaller logprob_start_len."
+        )
+    return raw
 
 
 def _params(raw: Any) -> SamplingParams:

@@ -220,8 +220,13 @@ class BatchForward:
         cache: KVCache,
         slots: torch.Tensor,
         adapters: Sequence[LoraWeights | None],
+        first: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Run right-padded prompts ``ids`` [n, L] into cache rows ``slots`` [n]; logits at each prompt's end.
+
+        With ``first``, the logits of each prompt's positions ``first[i] .. lengths[i] - 1`` instead, the
+        prompts' one after another (its last row is still the prompt's end): prompt scoring reads the
+        log-probs of the prompt's own tokens from them, and the other prompts pay nothing for it.
 
         The projections run over the prompts' real tokens only, packed into [tokens, hidden]: prompts
         of varied length padded to the longest are mostly padding (45% for the benchmark's 64), and
@@ -247,7 +252,13 @@ class BatchForward:
                 out = F.scaled_dot_product_attention(gq, gk, gv, is_causal=True, scale=self.scaling, enable_gqa=True)
                 group.unpad(out.transpose(1, 2).reshape(-1, attn.shape[1]), attn)
             x = self._rest(layer, i, x, attn, lora)
-        return self._logits(x[lengths.cumsum(0) - 1], self.lora_batch(adapters))
+        ends = lengths.cumsum(0)
+        if first is None:
+            return self._logits(x[ends - 1], self.lora_batch(adapters))
+        spans = [(int(end) - count + start, int(end)) for end, count, start in zip(ends, counts, first, strict=True)]
+        rows = torch.cat([torch.arange(a, b) for a, b in spans])
+        heads = [a for a, (lo, hi) in zip(adapters, spans, strict=True) for _ in range(hi - lo)]
+        return self._logits(x[rows], self.lora_batch(heads))
 
     def decode(self, tokens: torch.Tensor, lengths: torch.Tensor, cache: KVCache, lora: LoraBatch) -> torch.Tensor:
         """One new token for each of the first ``n`` rows, at position ``lengths`` [n]; next-token logits [n, V].

@@ -2,11 +2,11 @@
 
 No HTTP here: :mod:`.engine` serves this over SGLang's protocol. Requests join a running batch as
 they arrive (one batched prefill) and leave it as they finish (EOS, stop token or string,
-``max_new_tokens``, abort); each step is one forward of :class:`~.forward.BatchForward` for all of
-them, each row on its own adapter. The log-prob reported for each token is
-``log_softmax(logits / T)`` at that token, before top-p/top-k filtering, as SGLang reports it and as
-:func:`token_log_probs` lets the trainer recompute it (slime also divides the logits by the rollout
-temperature). With top_p=1 and top_k off that is exactly the distribution the token was drawn from.
+``max_new_tokens``, abort; a prompt only scored, ``max_new_tokens`` 0, right after its prefill); each
+step is one forward of :class:`~.forward.BatchForward` for all of them, each row on its own adapter.
+The log-prob reported for each token is ``log_softmax(logits / T)`` at that token, before
+top-p/top-k filtering, as SGLang reports it and as :func:`token_log_probs` lets the trainer recompute
+it (slime also divides the logits by the rollout temperature). With top_p=1 and top_k off that is exactly the distribution the token was drawn from.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,8 @@ class Generation:
     output_ids: list[int]
     log_probs: list[float]
     finish: dict[str, Any]  # SGLang's shape: {"type": "stop", "matched": ...} / {"type": "length", ...}
+    # With ``logprob_start`` K: the log-probs of prompt tokens K+1 .. end, each given the tokens before it.
+    input_log_probs: list[float] = field(default_factory=list)
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -128,15 +130,26 @@ class Request:
         "length",
         "aborted",
         "future",
+        "logprob_start",
+        "input_log_probs",
     )
 
     def __init__(
-        self, ids: list[int], params: SamplingParams, adapter: str | None, budget: int, stop_ids: set[int], seed: int
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        adapter: str | None,
+        budget: int,
+        stop_ids: set[int],
+        seed: int,
+        logprob_start: int | None = None,
     ) -> None:
         self.ids, self.params, self.adapter, self.budget = ids, params, adapter, budget
         self.stop_ids, self.seed = stop_ids, seed
+        self.logprob_start = logprob_start  # None: no prompt log-probs wanted (see ``submit``)
         self.out: list[int] = []
         self.log_probs: list[float] = []
+        self.input_log_probs: list[float] = []
         self.length = 0  # positions of this request in the KV cache
         self.aborted = False
         self.future: Future[Generation] = Future()
@@ -239,11 +252,27 @@ class MultiLoraModel:
 
     # --- requests -------------------------------------------------------------------------------------
 
-    def submit(self, input_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> Request:
-        """Queue a continuation of ``input_ids``; bad input raises here, the result comes in ``.future``."""
+    def submit(
+        self,
+        input_ids: Sequence[int],
+        params: SamplingParams,
+        adapter: str | None = None,
+        logprob_start: int | None = None,
+    ) -> Request:
+        """Queue a continuation of ``input_ids``; bad input raises here, the result comes in ``.future``.
+
+        ``logprob_start`` K asks for the log-probs of the prompt's own tokens K+1 .. end as well
+        (``Generation.input_log_probs``), at the request's temperature like the output's. With
+        ``max_new_tokens`` 0 that is prompt scoring: the prompt runs its prefill with the other
+        requests admitted in that step, then leaves the batch without sampling.
+        """
         ids = [int(t) for t in input_ids]
         if not ids:
             raise GenerationError("input_ids is empty")
+        if logprob_start is not None and not 0 <= logprob_start <= len(ids):
+            raise GenerationError(f"logprob_start {logprob_start} is outside the prompt of {len(ids)} tokens")
+        if logprob_start is not None and logprob_start >= len(ids) - 1:
+            logprob_start = None  # no prompt token after it: nothing to compute
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise GenerationError(f"input_ids must be token ids in [0, {self.vocab_size})")
         budget = params.max_new_tokens
@@ -259,8 +288,8 @@ class MultiLoraModel:
                 seed = params.sampling_seed % 2**63
             else:
                 seed = int(torch.randint(0, 2**63 - 1, (1,), generator=self._generator))
-            request = Request(ids, params, adapter, budget, stop_ids, seed)
-            if budget <= 0:
+            request = Request(ids, params, adapter, budget, stop_ids, seed, logprob_start)
+            if budget <= 0 and logprob_start is None:
                 request.future.set_result(Generation([], [], {"type": LENGTH, "length": 0}))
                 return request
             if adapter is not None:
@@ -331,8 +360,18 @@ class MultiLoraModel:
                 request.length = len(request.ids)
             lengths = torch.tensor([len(r.ids) for r in admitted])
             new = slots[-len(admitted) :]
-            logits = self.forward.prefill(ids, lengths, cache, torch.tensor(new), self._adapters(admitted))
-            self._advance(logits, new, cache)
+            first = None
+            if any(r.logprob_start is not None for r in admitted):
+                first = [len(r.ids) - 1 if r.logprob_start is None else r.logprob_start for r in admitted]
+            logits = self.forward.prefill(ids, lengths, cache, torch.tensor(new), self._adapters(admitted), first)
+            if first is not None:
+                logits = self._score_prompts(admitted, first, logits)
+            if all(r.budget > 0 for r in admitted):
+                self._advance(logits, new, cache)
+            else:  # prompts only scored leave now, unsampled
+                going = [i for i, r in enumerate(admitted) if r.budget > 0]
+                scored = [(new[i], {"type": LENGTH, "length": 0}) for i, r in enumerate(admitted) if r.budget <= 0]
+                self._advance(logits[going], [new[i] for i in going], cache, scored)
         running = self._running
         if running:
             cache.fit(max(r.length for r in running) + 1)
@@ -343,8 +382,31 @@ class MultiLoraModel:
                 request.length += 1
             self._advance(logits, list(range(len(running))), cache)
 
-    def _advance(self, logits: torch.Tensor, slots: list[int], cache: KVCache) -> None:
-        """Sample the next token of the batch's rows ``slots`` (one per row of ``logits``); retire those done."""
+    def _score_prompts(self, admitted: list[Request], first: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """Keep the prompt log-probs of the requests that asked; return each prompt's last logits [n, V].
+
+        ``logits`` holds positions ``first[i] ..`` end of each prompt, one after another (``BatchForward.prefill``).
+        """
+        last, start = [], 0
+        for request, begin in zip(admitted, first, strict=True):
+            end = start + len(request.ids) - begin
+            if request.logprob_start is not None:
+                targets = torch.tensor(request.ids[begin + 1 :])
+                scores = token_log_probs(logits[start : end - 1], targets, request.params.temperature)
+                request.input_log_probs = scores.tolist()
+            last.append(end - 1)
+            start = end
+        return logits[last]
+
+    def _advance(
+        self, logits: torch.Tensor, slots: list[int], cache: KVCache, done: Sequence[tuple[int, dict]] = ()
+    ) -> None:
+        """Sample the next token of the batch's rows ``slots`` (one per row of ``logits``); retire those done
+        (and the rows ``done`` already names: prompts that were only scored)."""
+        done = list(done)
+        if not slots:
+            self._retire(done, cache)
+            return
         rows = [self._running[slot] for slot in slots]
         params = [r.params for r in rows]
         tokens, log_probs = sample(
@@ -355,7 +417,6 @@ class MultiLoraModel:
             [r.seed for r in rows],
             [len(r.out) for r in rows],
         )
-        done: list[tuple[int, dict[str, Any]]] = []
         for slot, request, token, log_prob in zip(slots, rows, tokens, log_probs, strict=True):
             request.out.append(token)
             request.log_probs.append(log_prob)
@@ -420,7 +481,7 @@ class MultiLoraModel:
 
     def _finish(self, request: Request, finish: dict[str, Any]) -> None:
         self._release(request)
-        request.future.set_result(Generation(request.out, request.log_probs, finish))
+        request.future.set_result(Generation(request.out, request.log_probs, finish, request.input_log_probs))
 
     def _release(self, request: Request) -> None:
         if request.adapter is not None:

@@ -1,17 +1,17 @@
-"""RL's Razor's predictor on slime, from a real tiny model and real PEFT adapters.
+"""RL's Razor's predictor on slime, from a real tiny model and real PEFT adapters, all served by the local engine.
 
-The current policy's eval samples come from the local engine (SGLang's ``/generate``, the expert adapter
-loaded). The starting policy's log-probs of the same tokens come from SGLang's prompt-scoring route
-(``max_new_tokens: 0``, ``return_logprob``, ``logprob_start_len``), which the local engine does not serve
-(it answers ``max_new_tokens: 0`` with no forward and no ``input_token_logprobs``): :class:`ScoringServer`
-speaks that route over a plain transformers + PEFT forward of the same files (SGLang's answer shape:
-``[logprob, token_id, text]`` per position from ``logprob_start_len``, the first one ``None``).
+The current policy's eval samples come from the engine (SGLang's ``/generate``, the expert adapter). The starting
+policy's log-probs of the same tokens come from the same engine through SGLang's prompt-scoring route
+(``max_new_tokens: 0``, ``return_logprob``, ``logprob_start_len``), as on slime: the engine served as
+``aclarena local serve-engine`` serves it (:class:`SGLangServer`), with ``expert`` and ``halfway`` loaded.
+A plain transformers + PEFT forward of the same files is the reference the KL is checked against.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import math
 from pathlib import Path
@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from aiohttp import web
 
 from aclarena_slime.http_service import serving
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel, token_log_probs
+from aclarena_slime.local.sglang_server import SGLangServer
 from aclarena_slime.local.tiny_model import save_tiny_checkpoint
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
@@ -33,6 +33,7 @@ from aclarena_slime.slime_edge.policy_kl import FULL_FT_REASON, KlReference, dom
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 PROMPTS = ("Add two and three.", "Name a colour.", "Count to four.", "Say hello.")
+TEMPERATURE = 0.8
 
 
 @pytest.fixture(scope="module")
@@ -64,81 +65,61 @@ def adapters(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return {"expert": out / "expert", "halfway": out / "halfway"}
 
 
-class ScoringServer:
-    """SGLang's prompt scoring (``/generate`` with ``max_new_tokens: 0``) over transformers + PEFT."""
-
-    def __init__(self, model_dir: Path, adapters: dict[str, Path]) -> None:
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        (first, path), *rest = adapters.items()
-        self.model = PeftModel.from_pretrained(base, str(path), adapter_name=first).eval()
-        for name, path in rest:
-            self.model.load_adapter(str(path), adapter_name=name)
-        self.requests: list[dict] = []
-
-    async def generate(self, request: web.Request) -> web.Response:
-        payload = await request.json()
-        self.requests.append(payload)
-        params = payload["sampling_params"]
-        if params.get("max_new_tokens") != 0 or not payload.get("return_logprob"):
-            return web.json_response({"error": {"message": "this stand-in only scores prompts"}}, status=400)
-        ids, start, lora = payload["input_ids"], int(payload["logprob_start_len"]), payload.get("lora_path")
-        with torch.inference_mode():
-            if lora is None:
-                with self.model.disable_adapter():
-                    logits = self.model(input_ids=torch.tensor([ids])).logits[0]
-            else:
-                self.model.set_adapter(lora)
-                logits = self.model(input_ids=torch.tensor([ids])).logits[0]
-        scored = token_log_probs(logits[:-1], torch.tensor(ids[1:]), float(params.get("temperature", 1.0))).tolist()
-        entries = [[None if pos == 0 else scored[pos - 1], ids[pos], None] for pos in range(start, len(ids))]
-        meta = {"input_token_logprobs": entries, "prompt_tokens": len(ids), "completion_tokens": 0}
-        return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/generate", self.generate)
-        return app
-
-
 @contextlib.asynccontextmanager
-async def _eval_samples(model_dir: Path, adapter: Path, temperature: float):
-    """Eval samples of the current policy (the adapter), as slime's eval hands them over: tokens, response length,
-    the engine's log-probs, the loss mask."""
+async def _served_with_eval_samples(model_dir: Path, adapters: dict[str, Path]):
+    """The engine as serve-engine serves it (both adapters loaded), and the current policy's (the expert's) eval
+    samples as slime's eval hands them over: tokens, response length, the engine's log-probs, the loss mask."""
     engine = LocalEngine(MultiLoraModel.from_pretrained(model_dir, seed=0), served_name="tiny")
-    async with engine.serve() as url:
+    for name, path in adapters.items():
+        engine.model.load_adapter(name, path)
+    server = SGLangServer(engine, model_dir, "127.0.0.1", 0, log=io.StringIO())
+    async with serving(server.app()) as url:
         client = SGLangClient(url)
-        await client.load_lora_adapter("expert", str(adapter))
         samples = []
         for seed, text in enumerate(PROMPTS):
             prompt = engine.chat.prompt_ids([{"role": "user", "content": text}])
-            params = {"temperature": temperature, "max_new_tokens": 16, "sampling_seed": seed, "ignore_eos": True}
+            params = {"temperature": TEMPERATURE, "max_new_tokens": 16, "sampling_seed": seed, "ignore_eos": True}
             out, log_probs = output_tokens(await client.generate(prompt, params, lora_path="expert"))
             samples.append(
                 SimpleNamespace(
                     tokens=prompt + out, response_length=len(out), rollout_log_probs=log_probs, loss_mask=[1] * len(out)
                 )
             )
-        yield samples
+        yield server, url, samples
+    await asyncio.to_thread(engine.model.wait_idle)
 
 
-@pytest.mark.slow  # a tiny model served twice, a few PEFT forwards
+def _plain_log_probs(model_dir: Path, adapter: Path | None, samples: list) -> list[list[float]]:
+    """Each sample's response log-probs from one plain transformers (+ PEFT) forward of the whole sequence."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = (PeftModel.from_pretrained(model, str(adapter)) if adapter else model).eval()
+    out = []
+    with torch.inference_mode():
+        for s in samples:
+            start = len(s.tokens) - s.response_length
+            logits = model(input_ids=torch.tensor([s.tokens])).logits[0, start - 1 : -1]
+            out.append(token_log_probs(logits, torch.tensor(s.tokens[start:]), TEMPERATURE).tolist())
+    return out
+
+
+@pytest.mark.slow  # a tiny model served once, three scorings of four samples, two plain forwards
 async def test_the_kl_estimate_is_zero_for_the_same_policy_and_grows_with_the_difference(model_dir, adapters):
-    scorer = ScoringServer(model_dir, adapters)
-    async with _eval_samples(model_dir, adapters["expert"], 0.8) as samples, serving(scorer.app()) as url:
+    async with _served_with_eval_samples(model_dir, adapters) as (server, url, samples):
         kl = {
-            name: await asyncio.to_thread(domain_kl, url, KlReference(lora), samples, 0.8)
+            name: await asyncio.to_thread(domain_kl, url, KlReference(lora), samples, TEMPERATURE)
             for name, lora in (("same", "expert"), ("halfway", "halfway"), ("base", None))
         }
-    assert kl["same"] == pytest.approx(0.0, abs=1e-6)  # the engine's and the scorer's numerics agree
+    assert server.calls["POST /generate"] == len(samples) * 4  # the samples, then three scorings of each
+    assert kl["same"] == pytest.approx(0.0, abs=1e-6)  # the engine scores its own samples as it sampled them
     assert kl["same"] < kl["halfway"] < kl["base"] and kl["base"] > 1e-2
-    request = scorer.requests[-1]  # the base: no lora_path, scored at the samples' temperature, from the response
-    sample = samples[-1]
-    assert "lora_path" not in request and request["input_ids"] == sample.tokens
-    assert request["sampling_params"]["max_new_tokens"] == 0 and request["sampling_params"]["temperature"] == 0.8
-    assert request["logprob_start_len"] == len(sample.tokens) - sample.response_length - 1
+    masks = [s.loss_mask for s in samples]
+    current = [s.rollout_log_probs for s in samples]
+    for name, adapter in (("halfway", adapters["halfway"]), ("base", None)):
+        expected = sampled_kl(current, _plain_log_probs(model_dir, adapter, samples), masks)
+        assert kl[name] == pytest.approx(expected, rel=1e-3), name
 
 
 def _section(tmp_path: Path, recipe: str) -> dict:
@@ -149,13 +130,11 @@ def _section(tmp_path: Path, recipe: str) -> dict:
     return compile_recipe(recipe_).custom_config["aclarena_monitor"]
 
 
-@pytest.mark.slow
 async def test_the_compiled_lora_monitor_records_the_kl_beside_the_scores(tmp_path: Path, model_dir, adapters):
     section = _section(tmp_path, "mle_search.yaml")
     assert section["kl_reference"] == {"lora_path": None}  # the adapter starts from the base the engine serves
-    assert section["temperatures"] == {"gsm": 0.8}
-    scorer = ScoringServer(model_dir, adapters)
-    async with _eval_samples(model_dir, adapters["expert"], 0.8) as samples, serving(scorer.app()) as url:
+    assert section["temperatures"] == {"gsm": TEMPERATURE}
+    async with _served_with_eval_samples(model_dir, adapters) as (server, url, samples):
         host, port = url.removeprefix("http://").rsplit(":", 1)
         args = SimpleNamespace(
             aclarena_monitor=section, skip_eval_before_train=False, sglang_router_ip=host, sglang_router_port=int(port)
@@ -165,7 +144,7 @@ async def test_the_compiled_lora_monitor_records_the_kl_beside_the_scores(tmp_pa
     report = json.loads((Path(section["out_dir"]) / "monitor.json").read_text())
     [[step, value]] = report["kl"]["math"]
     assert step == 0 and value > 1e-2 and report["curves"]["math"] == [[0, 75.0]]
-    assert len(scorer.requests) == len(samples)
+    assert server.calls["POST /generate"] == len(samples) * 2  # one scoring per sample
 
 
 def test_full_fine_tuning_says_the_kl_is_not_computed(tmp_path: Path, capsys):
