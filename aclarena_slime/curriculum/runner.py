@@ -31,8 +31,9 @@ from aclarena_slime.curriculum.config import (
 )
 from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
-from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
+from aclarena_slime.curriculum.manifest import DONE, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.sections import anchor_overrides, attach_monitor, attach_replay, lineage_overrides
+from aclarena_slime.experts import EXPERTS_NAME
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.hf_export import ExportError
 from aclarena_slime.launcher.ray_job import RayError, slime_head
