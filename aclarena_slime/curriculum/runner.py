@@ -112,11 +112,11 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
 
 
 def slime_recipes(recipes: list[StageRecipe]) -> list[StageRecipe]:
-    """The stages the slime backend runs (what the curriculum's Ray head serves)."""
+    """The stages the slime backend runs (what the curriculum's Ray head serves): the stage runner's choice."""
     out = []
     for recipe in recipes:
         try:
-            if recipe.cluster.name != "local" and choose_backend(recipe.cluster.backend).name == "slime":
+            if choose_backend(recipe.cluster.backend).name == "slime":
                 out.append(recipe)
         except BackendUnavailable:
             continue  # the stage runner reports it
