@@ -162,7 +162,6 @@ class LocalStageConfig(LocalBackendSettings):
         if self.tiny_hidden_size % 4:
             raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")
         self._check_warm_start()
-        self.engine_settings  # noqa: B018 - validates the engine's settings now, naming the bad one
         self._check_policy()
         if not isinstance(self.env_config, Mapping):
             raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")
