@@ -18,6 +18,7 @@ from typing import Any
 from aclarena_slime.jsonl import write_json_atomic
 
 MANIFEST_VERSION = 1
+EXPERTS_NAME = "experts.json"  # the manifest's file name beside a run's outputs (the curriculum's, parallel MLE's)
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 

@@ -58,7 +58,7 @@ class Budgets:
     eval_max_context_len: int | None = None
 
     def __post_init__(self) -> None:
-        response_budget_mode(self.mode)
+        object.__setattr__(self, "mode", response_budget_mode(self.mode))  # unset (None) is total
 
 
 def loop_settings(

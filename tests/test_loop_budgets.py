@@ -132,6 +132,12 @@ def test_eval_context_cap_wins_in_evaluation():
     assert (train.max_turn_tokens, train.max_response_tokens, train.max_context_tokens) == (2048, None, 32768)
 
 
+def test_an_unset_budget_mode_bounds_the_whole_trajectory():
+    """``mode=None`` (an unset ``aclarena_response_budget``) is ``total``, as its one check reads it."""
+    settings = loop_settings(Budgets(max_response_len=16, mode=None), {})  # type: ignore[arg-type]
+    assert (settings.max_response_tokens, settings.max_turn_tokens) == (16, None)
+
+
 def test_bad_settings_are_clear_errors(tiny_checkpoint):
     from types import SimpleNamespace
 

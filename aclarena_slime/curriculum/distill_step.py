@@ -80,12 +80,13 @@ def make_stage_data(
             raise ValueError(f"distill: stage {stage!r} ({domain}) has not finished with rollout dumps")
         sources += [(domain, path) for path in dump_files([entry["dumps"]])]
     own = recipe.custom.aclarena_sft_filter
+    base = own.mixture() if own else MixtureSettings()  # the step's own settings win over the recipe's filter
     settings = MixtureSettings(
         thresholds=dict(step.thresholds),
-        default_threshold=step.threshold if step.threshold is not None else (own.min_reward if own else None),
+        default_threshold=step.threshold if step.threshold is not None else base.default_threshold,
         max_per_prompt=step.max_per_prompt,
-        statuses=tuple(step.statuses or (own.statuses if own else ["completed"])),
-        max_tokens=step.max_tokens if step.max_tokens is not None else (own.max_tokens if own else None),
+        statuses=tuple(step.statuses or base.statuses),
+        max_tokens=step.max_tokens if step.max_tokens is not None else base.max_tokens,
     )
     episodes = (episode for domain, path in sources for episode in read_dump(path, domain))
     records, report = build_mixture(episodes, settings)

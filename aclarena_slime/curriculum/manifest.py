@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.experts import MANIFEST_VERSION, ExpertTable
+from aclarena_slime.experts import EXPERTS_NAME, MANIFEST_VERSION, ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
-EXPERTS_NAME = "experts.json"
 DONE, RUNNING, FAILED = "done", "running", "failed"
 
 

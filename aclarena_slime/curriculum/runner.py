@@ -31,8 +31,9 @@ from aclarena_slime.curriculum.config import (
 )
 from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
-from aclarena_slime.curriculum.manifest import DONE, EXPERTS_NAME, FAILED, RUNNING, Manifest
+from aclarena_slime.curriculum.manifest import DONE, FAILED, RUNNING, Manifest
 from aclarena_slime.curriculum.sections import anchor_overrides, attach_monitor, attach_replay, lineage_overrides
+from aclarena_slime.experts import EXPERTS_NAME
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.hf_export import ExportError
 from aclarena_slime.launcher.ray_job import RayError, slime_head
@@ -111,11 +112,11 @@ def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source
 
 
 def slime_recipes(recipes: list[StageRecipe]) -> list[StageRecipe]:
-    """The stages the slime backend runs (what the curriculum's Ray head serves)."""
+    """The stages the slime backend runs (what the curriculum's Ray head serves): the stage runner's choice."""
     out = []
     for recipe in recipes:
         try:
-            if recipe.cluster.name != "local" and choose_backend(recipe.cluster.backend).name == "slime":
+            if choose_backend(recipe.cluster.backend).name == "slime":
                 out.append(recipe)
         except BackendUnavailable:
             continue  # the stage runner reports it

@@ -272,7 +272,7 @@ def _first_records(path: Path, n: int) -> list[dict[str, Any]]:
 
 async def _start_records(recipe: StageRecipe, records: list[dict[str, Any]]) -> None:
     from aclarena_slime.plugin.contract import Task
-    from aclarena_slime.plugin.registry import load_factory
+    from aclarena_slime.plugin.registry import get_environment
 
     data = recipe.data
     allowed = {data.env, *(recipe.lora.experts or ())}  # parallel MLE: a record of any expert's env
@@ -284,7 +284,7 @@ async def _start_records(recipe: StageRecipe, records: list[dict[str, Any]]) -> 
             if tag not in allowed:
                 raise ValueError(f"a record's metadata.env is {tag!r}, the recipe's data.env {data.env!r}")
             if tag not in envs:
-                envs[tag] = load_factory(tag)(dict(recipe.env_config.get(tag) or {}))
+                envs[tag] = get_environment(tag, recipe.env_config.get(tag))
             label = record.get(data.label_key) if data.label_key else None
             episode = await envs[tag].start(Task(prompt=record[data.input_key], label=label, metadata=metadata))
             await episode.close()

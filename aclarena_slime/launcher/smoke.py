@@ -586,6 +586,7 @@ def _data(settings: SmokeSettings, recipe: StageRecipe, local: dict[str, Any], w
     if settings.data is not None:
         train, evaluation = settings.data
         return Path(train).resolve(), Path(evaluation).resolve() if evaluation else None
+    from aclarena_slime.evaluation.suite import HELD_OUT_SEED
     from aclarena_slime.jsonl import write_jsonl_atomic
     from aclarena_slime.local.records import RecordError, demo_records
     from aclarena_slime.plugin.registry import get_environment
@@ -593,7 +594,7 @@ def _data(settings: SmokeSettings, recipe: StageRecipe, local: dict[str, Any], w
     env = get_environment(recipe.data.env, dict(local.get("env_config") or {}))
     try:
         train = demo_records(env, PROMPTS * ROLLOUTS, seed=0)
-        evaluation = demo_records(env, EVAL_PROMPTS, seed=10_007)
+        evaluation = demo_records(env, EVAL_PROMPTS, HELD_OUT_SEED)  # the prompts every evaluation holds out
     except RecordError as exc:
         raise SmokeError(f"{exc} (or give --smoke-data TRAIN.jsonl[,EVAL.jsonl])") from exc
     out = work / "data"

@@ -20,7 +20,7 @@ from aclarena_slime.recipes.local_section import TINY_MODEL, LocalBackendSetting
 if TYPE_CHECKING:
     from aclarena_slime.slime_edge.custom import SftFilterSettings
 
-# The rollout's and the slime edge's modules (RESPONSE_BUDGETS, SftFilterSettings) load aiohttp: they are
+# The rollout's and the slime edge's modules (response_budget_mode, SftFilterSettings) load aiohttp: they are
 # imported where a stage's settings are checked, so `aclarena --help` (which reads EngineSettings) stays light.
 
 KINDS = ("rl", "sft")  # GRPO (after an optional warm start), or an SFT warm-start stage
@@ -143,10 +143,12 @@ class LocalStageConfig(LocalBackendSettings):
             raise LocalConfigError(f"eval_top_p must be in (0, 1], got {self.eval_top_p!r}")
         if self.eval_max_response_len is not None and self.eval_max_response_len < 1:
             raise LocalConfigError(f"eval_max_response_len must be positive, got {self.eval_max_response_len!r}")
-        from aclarena_slime.rollout import RESPONSE_BUDGETS
+        from aclarena_slime.rollout import response_budget_mode
 
-        if self.response_budget not in RESPONSE_BUDGETS:
-            raise LocalConfigError(f"response_budget must be one of {RESPONSE_BUDGETS}, got {self.response_budget!r}")
+        try:
+            object.__setattr__(self, "response_budget", response_budget_mode(self.response_budget))
+        except ValueError as exc:
+            raise LocalConfigError(str(exc)) from exc
         if isinstance(self.lora, Mapping):
             try:
                 values = {**default_lora().to_dict(), **self.lora}  # over the local default, not the paper's
@@ -160,7 +162,6 @@ class LocalStageConfig(LocalBackendSettings):
         if self.tiny_hidden_size % 4:
             raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")
         self._check_warm_start()
-        self.engine_settings  # noqa: B018 - validates the engine's settings now, naming the bad one
         self._check_policy()
         if not isinstance(self.env_config, Mapping):
             raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")

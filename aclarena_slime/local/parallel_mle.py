@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
-from aclarena_slime.experts import ExpertTable
+from aclarena_slime.experts import EXPERTS_NAME, ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.engine import LocalEngine
@@ -268,7 +268,7 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
         },
         root=out,
     )
-    table.save(out / "experts.json")
+    table.save(out / EXPERTS_NAME)
     result = {
         "backend": "local",
         "kind": "parallel_mle",

@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.experts import EXPERTS_NAME
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.schema import StageRecipe
@@ -233,7 +234,7 @@ def run_local(recipe: StageRecipe) -> dict[str, Any]:
         from aclarena_slime.local.parallel_mle import run_parallel_mle
 
         metrics = run_parallel_mle(expert_configs(recipe, cfg), cfg.output_dir)
-        manifest = str(Path(cfg.output_dir) / "experts.json")
+        manifest = str(Path(cfg.output_dir) / EXPERTS_NAME)
         return {"metrics": metrics, "policy": manifest, "full": False, "output_dir": cfg.output_dir}
     metrics = run_stage(cfg)
     return {"metrics": metrics, "policy": str(cfg.policy_dir), "full": cfg.full_finetune, "output_dir": cfg.output_dir}

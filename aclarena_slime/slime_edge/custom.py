@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.distill.mopd import MopdSettings
@@ -24,12 +24,19 @@ from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.rollout import response_budget_mode
 from aclarena_slime.tis import TisSettings
 
+if TYPE_CHECKING:
+    from aclarena_slime.distill.sdft import MixtureSettings
+
 T = TypeVar("T")
 
 
 @dataclass
 class SftFilterSettings:
-    """Which teacher rollouts an SFT warm start keeps (the local backend's; the data recipes' on a cluster)."""
+    """Which teacher rollouts an SFT warm start keeps (the local backend's; the data recipes' on a cluster).
+
+    Checked here, as the SFT data pipeline checks its own settings (:meth:`mixture`), so a bad status or token
+    bound fails when the recipe composes, not when a stage reaches its SFT phase.
+    """
 
     min_reward: float | None = None
     statuses: list[str] = field(default_factory=lambda: ["completed"])
@@ -38,6 +45,21 @@ class SftFilterSettings:
     def __post_init__(self) -> None:
         if self.min_reward is None:
             raise ValueError("aclarena_sft_filter needs min_reward")
+        self.mixture()
+
+    def mixture(self) -> MixtureSettings:
+        """The filter as the SFT data pipeline's settings: the one conversion, for the local warm start and the
+        curriculum's distill step (imported here, not at the top: the pipeline is not on a GRPO stage's route)."""
+        from aclarena_slime.distill.sdft import MixtureError, MixtureSettings
+
+        try:
+            return MixtureSettings(
+                default_threshold=self.min_reward,
+                statuses=tuple(self.statuses),
+                max_tokens=self.max_tokens,
+            )
+        except MixtureError as exc:
+            raise ValueError(f"aclarena_sft_filter: {exc}") from exc
 
 
 @dataclass

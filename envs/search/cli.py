@@ -49,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
     from .env import build_retriever
     from .server import make_app
 
-    if args.topk < 1:
-        raise CommandError(f"--topk must be at least 1, got {args.topk}")
     try:
         config = SearchConfig.from_mapping(
             {

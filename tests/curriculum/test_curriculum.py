@@ -421,3 +421,21 @@ def test_the_curriculum_writes_experts_json_through_the_expert_table(tmp_path: P
     assert table.lookup("math").path == (tmp_path / "runs/math/adapter").resolve() and table.base_name == "c"
     with pytest.raises(ExpertError, match="outside the experts' directory"):
         manifest.set_expert("search", str(tmp_path.parent / "elsewhere"), "stage2_search", None)
+
+
+def test_the_ray_head_serves_the_stages_the_runner_puts_on_slime(tmp_path: Path, monkeypatch):
+    """One predicate: the head is held for the stages ``default_stage_runner`` sends to slime, whatever their
+    cluster profile is called (``cluster=local backend=slime`` on a slime machine runs on slime)."""
+    from aclarena_slime.curriculum.runner import slime_recipes
+    from aclarena_slime.launcher import backend
+    from aclarena_slime.recipes.compose import load_recipe
+
+    monkeypatch.setattr(backend, "slime_available", lambda: True)
+    monkeypatch.setattr(backend, "gpu_count", lambda: 8)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "stage1_math.yaml"
+    paper, local, forced = (
+        load_recipe(recipe, [f"paths.root={tmp_path}", *extra])
+        for extra in ([], ["cluster=local"], ["cluster=local", "cluster.backend=slime"])
+    )
+    on_slime = [id(r) for r in (paper, local, forced) if backend.choose_backend(r.cluster.backend).name == "slime"]
+    assert [id(r) for r in slime_recipes([paper, local, forced])] == on_slime == [id(paper), id(forced)]

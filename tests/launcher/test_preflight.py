@@ -20,7 +20,6 @@ from aclarena_slime.recipes.compose import load_recipe
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 def load(name: str, tmp: Path, *overrides: str):
     return load_recipe(REPO / f"recipes/{name}.yaml", [f"paths.root={tmp}", *overrides])
 
@@ -32,7 +31,9 @@ def statuses(checks: list[Check]) -> dict[str, str]:
 def test_versions_missing_fails_other_version_warns():
     installed = {"slime": (False, None), "sglang": (True, "0.5.23"), "transformer_engine": (True, "2.16.1"),
                  "megatron.training": (True, None), "torch": (True, "2.11.0+cu129")}  # fmt: skip
-    checks = preflight.check_versions(lambda dist, module: installed[module.split(".")[0] if module != "megatron.training" else module])
+    checks = preflight.check_versions(
+        lambda dist, module: installed[module.split(".")[0] if module != "megatron.training" else module]
+    )
     by_name = {c.name: c for c in checks}
     assert by_name["version slime"].status == "fail" and "repository" in by_name["version slime"].fix
     assert by_name["version SGLang"].status == "warn" and "0.5.15" in by_name["version SGLang"].detail
@@ -102,7 +103,10 @@ def test_checkpoint_format(tmp_path: Path, routable):
 
 
 def test_tokenizer_loads(tmp_path: Path, tiny_checkpoint: Path, routable):
-    assert preflight.check_tokenizer(load("stage1_math", tmp_path, f"model.hf_checkpoint={tiny_checkpoint}"))[0].status == "ok"
+    assert (
+        preflight.check_tokenizer(load("stage1_math", tmp_path, f"model.hf_checkpoint={tiny_checkpoint}"))[0].status
+        == "ok"
+    )
     assert preflight.check_tokenizer(load("stage1_math", tmp_path))[0].status == "fail"
 
 
@@ -123,6 +127,19 @@ def test_data_goes_through_the_envs_start(tmp_path: Path, routable):
     assert bad.status == "fail" and "metadata.env" in bad.detail
     train.unlink()
     assert statuses(preflight.check_data(recipe))["data.prompt_data"] == "fail"
+
+
+def test_the_data_check_builds_the_env_through_the_registry(tmp_path: Path, routable, monkeypatch):
+    """As every caller does (registry.get_environment): a plugin whose factory builds no Environment is named."""
+    from aclarena_slime.plugin import registry
+
+    train = tmp_path / "data" / "math" / "train.jsonl"
+    train.parent.mkdir(parents=True)
+    train.write_text("".join(json.dumps(r) + "\n" for r in registry.get_environment("math").demo_records(2)))
+    recipe = load("stage1_math", tmp_path)
+    monkeypatch.setitem(registry._registered, "math", lambda config: object())
+    bad = {c.name: c for c in preflight.check_data(recipe)}["data through env.start"]
+    assert bad.status == "fail" and "not an aclarena_slime.plugin.contract.Environment" in bad.detail
 
 
 def test_lora_combinations(tmp_path: Path, routable):

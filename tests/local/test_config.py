@@ -42,11 +42,17 @@ def test_round_trip_through_a_mapping():
         ("lora", {"rnak": 4}, "rnak"),
         ("engine_port", 70000, "engine_port"),
         ("env_config", ["x"], "env_config"),
+        ("response_budget", "per_episode", "aclarena_response_budget must be one of total, per_turn"),
     ],
 )
 def test_bad_settings_are_named(field, value, words):
     with pytest.raises(LocalConfigError, match=words):
         LocalStageConfig(env="math", output_dir="o", **{field: value})
+
+
+def test_an_unset_response_budget_is_the_whole_trajectorys():
+    """None (the recipe's unset custom.aclarena_response_budget) reads as the one check reads it: total."""
+    assert LocalStageConfig(env="math", output_dir="o", response_budget=None).response_budget == "total"
 
 
 def test_unknown_keys_are_named():

@@ -40,6 +40,28 @@ def test_a_bad_custom_value_fails_at_compile_time(tmp_path: Path):
         _compile("stage2_search", tmp_path, "+custom.aclarena_filters.max_no_tool_fraction=2")
 
 
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("custom.aclarena_sft_filter.statuses=[complete]", "statuses"),
+        ("custom.aclarena_sft_filter.max_tokens=0", "max_tokens"),
+    ],
+)
+def test_a_bad_sft_filter_fails_when_the_recipe_composes(tmp_path: Path, override: str, words: str):
+    """The warm start's filter is checked where it is declared, as the SFT data pipeline checks it, not first
+    when a stage reaches its SFT phase."""
+    with pytest.raises(RecipeError, match=f"aclarena_sft_filter.*{words}"):
+        load_recipe(RECIPES / "stage2_search_sft.yaml", [f"paths.root={tmp_path}", override])
+
+
+def test_the_sft_filter_is_the_sft_pipelines_settings(tmp_path: Path):
+    from aclarena_slime.distill.sdft import MixtureSettings
+
+    recipe = load_recipe(RECIPES / "stage2_search_sft.yaml", [f"paths.root={tmp_path}"])
+    own = recipe.custom.aclarena_sft_filter
+    assert own.mixture() == MixtureSettings(default_threshold=own.min_reward, statuses=tuple(own.statuses))
+
+
 def test_each_section_reaches_its_hook_through_one_typed_reader(tmp_path: Path):
     """Compiled custom config -> slime's ``args`` (``--custom-config-path`` sets one attribute per key) -> reader."""
     from aclarena_slime.slime_edge import custom

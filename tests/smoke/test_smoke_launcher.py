@@ -10,11 +10,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+from aclarena_slime.jsonl import iter_jsonl
 from aclarena_slime.launcher import smoke
 from aclarena_slime.launcher.smoke_report import phase_figures, report_text, sample_problems
+from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
 
@@ -66,6 +70,16 @@ def test_without_eval_data_the_eval_flags_go(tmp_path):
     argv, notes = shrunk("recipes/stage1_math.yaml", tmp_path, eval_data=False)
     assert "--eval-prompt-data" not in argv and "--eval-interval" not in argv
     assert any("no eval" in n for n in notes)
+
+
+def test_the_demo_data_is_evaluated_on_the_held_out_seeds_prompts(tmp_path):
+    """Without --smoke-data the eval records are the demo records every evaluation holds out
+    (evaluation.suite.HELD_OUT_SEED), not a second copy of that seed."""
+    recipe = SimpleNamespace(data=SimpleNamespace(env="math"))
+    settings = smoke.SmokeSettings("recipe.yaml", [])
+    _, evaluation = smoke._data(settings, recipe, {}, tmp_path)  # type: ignore[arg-type]
+    held_out = get_environment("math").demo_records(smoke.EVAL_PROMPTS, seed=HELD_OUT_SEED)
+    assert [r["prompt"] for _, r in iter_jsonl(evaluation)] == [r["prompt"] for r in held_out]
 
 
 def test_a_service_reading_the_data_folder_gets_demo_data_and_a_free_port():

@@ -64,3 +64,13 @@ def test_missing_corpus_is_a_user_error(tmp_path):
     cmd = [sys.executable, "-m", "aclarena_slime", "serve-retriever", "--corpus", str(tmp_path / "nope.jsonl")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "search corpus not found" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("option", "value"), [("--topk", "0"), ("--topk", "-3")])
+def test_a_bad_option_is_refused_by_the_envs_own_settings_check(tmp_path, capsys, option, value):
+    """The command hands its options to SearchConfig, whose check names the setting; it has none of its own."""
+    from aclarena_slime.cli import main
+
+    corpus = write_jsonl(DEMO.passages[:5], tmp_path / "corpus.jsonl")
+    assert main(["serve-retriever", "--corpus", str(corpus), option, value]) == 2
+    assert f"search env: topk must be a positive integer, got {value}" in capsys.readouterr().err
