@@ -53,6 +53,7 @@ from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.records import (
     Sample,
+    StageRecords,
     bind_engine,
     new_sample,
     replay_mixture,
@@ -264,8 +265,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     )  # None: no earlier domain to watch
     with _progress(cfg.progress) as progress:
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
-        before = await evaluate(stage.context, split.evaluation, cfg, limit)
-        before_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
+        before = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
+        before_sampled = await evaluate(stage.context, in_stage(cfg, split), cfg, limit, cfg.temperature)
         validation = [await validate(stage.context, split.validation, cfg, limit, 0)] if split.validation else []
         progress.advance(task)
         keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
@@ -308,8 +309,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
                 validation.append(await validate(stage.context, split.validation, cfg, limit, step + 1))
         if split.validation and validation[-1]["step"] != len(steps):
             validation.append(await validate(stage.context, split.validation, cfg, limit, len(steps)))
-        after = await evaluate(stage.context, split.evaluation, cfg, limit)
-        after_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
+        after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
+        after_sampled = await evaluate(stage.context, in_stage(cfg, split), cfg, limit, cfg.temperature)
         progress.advance(task)
     if trainer.full:
         trainer.save(cfg.policy_dir)
@@ -332,7 +333,7 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
     await serve_policy(cfg, stage, trainer, loaded=False)
     split = stage_records(stage.env, cfg)
     limit = asyncio.Semaphore(cfg.max_concurrency)
-    before = await evaluate(stage.context, split.evaluation, cfg, limit)
+    before = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
     teacher = await rollout_step(stage.context, split.train, cfg, 0, limit)
     kept, report = keep(teacher, cfg.env, sft_filter(cfg))
     examples = rollout_examples(kept)
@@ -341,7 +342,7 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
         stats = await asyncio.to_thread(trainer.sft_step, examples)
         steps.append({"epoch": epoch, "samples": float(len(examples)), **stats})
     await serve_policy(cfg, stage, trainer, loaded=True)
-    after = await evaluate(stage.context, split.evaluation, cfg, limit)
+    after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return {
@@ -491,7 +492,7 @@ async def warm_start_examples(
         records = stage_records(stage.env, cfg)
         with _progress(cfg.progress) as progress:
             task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
-            before = await evaluate(stage.context, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
+            before = await evaluate(stage.context, in_stage(cfg, records), cfg, asyncio.Semaphore(cfg.max_concurrency))
             progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
             mixed = replay_mixture(
                 cfg, records.warm_start, stage.context.env_configs, cfg.warm_start_batch_size, list(replayed)
@@ -574,6 +575,12 @@ async def evaluate(
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable)}
+
+
+def in_stage(cfg: LocalStageConfig, records: StageRecords) -> list[dict[str, Any]]:
+    """The held-out records the stage evaluates itself: none with ``stage_eval`` off (the arena's evaluator
+    measures the stage's policy afterwards; the records stay out of training all the same)."""
+    return records.evaluation if cfg.stage_eval else []
 
 
 async def validate(

@@ -119,3 +119,29 @@ def test_replayed_records_are_never_an_earlier_domains_held_out_prompts():
     held_out = {prompt_key(r) for r in demo_records(env, 32, HELD_OUT_SEED)}
     assert len(replayed) == 64 and not {prompt_key(r) for r in replayed} & held_out
     assert replay_mixture(cfg, own, {"math": {}}, per_step=8, domains=["search"]) is own  # no domain with demos
+
+
+@pytest.mark.slow
+def test_a_stage_without_its_own_evaluations_trains_exactly_the_same(tmp_path):
+    """``stage_eval=false`` (the arena: its evaluator measures every stage afterwards) skips the stage's own held-out
+    evaluations and nothing else: the same records, rollouts, updates and weights."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for stage_eval in (True, False):
+        cfg = LocalStageConfig(
+            env="math", output_dir=str(tmp_path / str(stage_eval)), env_config={"workers": 1}, steps=2,
+            prompts_per_step=2, samples_per_prompt=4, max_response_len=16, eval_size=2, torch_threads=1,
+            progress=False, warm_start_steps=2, warm_start_records=8, warm_start_demos=MATH_DEMOS,
+            full_finetune=True, stage_eval=stage_eval,
+        )  # fmt: skip
+        runs[stage_eval] = (run_stage(cfg), load_file(cfg.policy_dir / "model.safetensors"))
+    (full, full_weights), (bare, bare_weights) = runs[True], runs[False]
+    assert full["eval_after"]["n"] == 2 and bare["eval_after"]["n"] == bare["eval_before"]["n"] == 0
+    assert bare["records"] == full["records"]
+    drop = ("seconds",)
+    assert [{k: v for k, v in s.items() if k not in drop} for s in bare["steps"]] == [
+        {k: v for k, v in s.items() if k not in drop} for s in full["steps"]
+    ]
+    assert bare["warm_start"]["sft"]["nll_after"] == full["warm_start"]["sft"]["nll_after"]
+    assert all(torch.equal(bare_weights[k], full_weights[k]) for k in full_weights)
