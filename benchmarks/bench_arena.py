@@ -7,7 +7,8 @@ Runs the arena file (docs/arena.md) once per seed (0..N-1; a seed already run in
 redone; ``--jobs`` seeds at once, each in its own process), compares the methods of each seed (``aclarena eval matrix --run ...``: tables, heatmaps, curves per
 seed), then prints the table over seeds (mean ± sample standard deviation), the final accuracy per domain,
 the issue's two checks (sequential forgets: BWT <= -5 points or a maximum forgetting >= 10 points; MLE
-within 3 points of its oracle on every domain), the wall and CPU time with the machine's load, and writes
+within 3 points of its oracle on every domain), where each method's time went (the stages' own timings: warm
+start, GRPO steps, the rest of the stage, the evaluation after it), the wall and CPU time with the machine's load, and writes
 ``bench_arena.json`` and ``arena_heatmap.png`` (the mean matrices of sequential and MLE) into --out.
 Accuracies are percent (points), as the matrix holds them. The tiny model's figures show the study's shape,
 not the paper's numbers. It replaces bench_comparison.py; that one's monitor-overhead table is not kept
@@ -93,6 +94,30 @@ def mean_matrix(out: Path, seeds: list[int], method: str) -> ForgettingMatrix | 
     return ForgettingMatrix.from_rows(rows, domains=first["domains"])
 
 
+PHASES = ("warm start SFT", "GRPO steps", "rest of the stage", "evaluation after it")
+
+
+def stage_times(manifest: Path) -> list[tuple[str, dict[str, float]]]:
+    """Each stage the method ran itself (not reused): seconds per phase of :data:`PHASES`, from its local stage's
+    ``metrics.json`` (the warm start's SFT, the GRPO steps, the stage's total) and its manifest (finished, then
+    evaluated: the summary's time)."""
+    out = []
+    for entry in json.loads(manifest.read_text())["stages"]:
+        if entry.get("reused_from") or entry.get("status") != "done":
+            continue
+        output = entry.get("checkpoint") or entry.get("adapter")  # the local stage's folder holds metrics.json
+        metrics_file = Path(output).parent / "metrics.json" if output else None
+        metrics = json.loads(metrics_file.read_text()) if metrics_file and metrics_file.is_file() else {}
+        sft = float(((metrics.get("warm_start") or {}).get("sft") or {}).get("seconds") or 0.0)
+        grpo = sum(float(step.get("seconds") or 0.0) for step in metrics.get("steps") or [])
+        summary = (entry.get("eval") or {}).get("summary")
+        path = Path(summary) if summary and Path(summary).is_absolute() else manifest.parent / str(summary)
+        evaluation = path.stat().st_mtime - float(entry["finished_at"]) if summary and path.is_file() else 0.0
+        total = float(metrics.get("seconds") or 0.0)
+        out.append((entry["name"], dict(zip(PHASES, (sft, grpo, total - sft - grpo, evaluation), strict=True))))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -115,7 +140,7 @@ def main() -> None:
         for seed, future in futures.items():
             index, seed_wall, seed_cpu = future.result()
             rows = seed_rows(index, out / f"seed_{seed}" / "comparison")
-            per_seed[seed] = {"rows": rows, "wall_s": seed_wall, "cpu_s": seed_cpu}
+            per_seed[seed] = {"rows": rows, "wall_s": seed_wall, "cpu_s": seed_cpu, "index": index}
             print(f"[bench] seed {seed}: {seed_wall:.0f} s wall, {seed_cpu:.0f} s CPU, "
                   f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)  # fmt: skip
     wall, cpu, load_after = time.perf_counter() - started_wall, cpu_seconds() - started_cpu, os.getloadavg()
@@ -155,6 +180,17 @@ def main() -> None:
         checks["mle_within_oracles"] = all(abs(g) <= MLE_GAP for g in gaps.values())
         console.print(f"MLE - oracle per domain (points): { {d: round(g, 1) for d, g in gaps.items()} } "
                       f"-> within {MLE_GAP}: {checks['mle_within_oracles']}")  # fmt: skip
+    profile = Table(title="where the time went: seconds per seed (mean over seeds), stages run (not reused)")
+    for column in ("method", "stages", *PHASES, "most expensive stage"):
+        profile.add_column(column, justify="left" if column in ("method", "most expensive stage") else "right")
+    times: dict[str, dict[str, float]] = {}
+    for method in methods:
+        stages = [t for s in seeds for t in stage_times(Path(per_seed[s]["index"]["methods"][method]["manifest"]))]
+        times[method] = {phase: sum(t[phase] for _, t in stages) / len(seeds) for phase in PHASES}
+        worst = max(stages, key=lambda st: sum(st[1].values()), default=None)
+        profile.add_row(method, f"{len(stages) / len(seeds):.0f}", *(f"{times[method][p]:.0f}" for p in PHASES),
+                        f"{worst[0]} ({sum(worst[1].values()):.0f} s)" if worst else "–")  # fmt: skip
+    console.print(profile)
     console.print(f"{len(seeds)} seed(s): {wall / 60:.1f} min wall, {cpu / 60:.1f} min CPU; load average "
                   f"{load_before[0]:.1f} before, {load_after[0]:.1f} after ({os.cpu_count()} cores)")  # fmt: skip
     figures = [m for m in ("sequential", "mle") if m in methods]
@@ -171,6 +207,7 @@ def main() -> None:
         "load_before": load_before,
         "load_after": load_after,
         "checks": checks,
+        "seconds_per_seed": times,
         "per_seed": {
             s: {
                 "wall_s": v["wall_s"],

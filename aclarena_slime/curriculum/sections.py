@@ -9,7 +9,7 @@ and runs them (or refuses them, naming the setting). Nothing here imports a back
 - replay: ``custom.aclarena_replay`` and the balanced data source; the earlier stages' env settings (each
   env's as its own stage ran it) and services join the stage's, so the multi-env rollout can run every
   replayed prompt. The local backend mixes the earlier envs' records into its own with the same balancer
-  and weights.
+  and weights, in its GRPO batches and in its warm start (the earlier stages' gold demos, as each warm-started).
 - monitor: the recipe's ``monitor`` section, the earlier domains checked while the stage trains. The local
   backend runs the check itself; slime runs the datasets as its ``--eval-config`` and the alarm in its
   eval-log hook (:mod:`aclarena_slime.slime_edge.monitor`).
@@ -65,10 +65,20 @@ def attach_replay(recipe: Any, settings: ReplaySettings, earlier: Sequence[Any])
         raise ValueError(f"replay: stage {recipe.name} already has a data source ({recipe.plugins.data_source_path})")
     recipe.plugins.data_source_path = DATA_SOURCE
     recipe.custom.aclarena_replay = dataclasses.replace(
-        settings, current=own, data={tag: r.data.prompt_data for tag, r in previous.items()}
+        settings,
+        current=own,
+        data={tag: r.data.prompt_data for tag, r in previous.items()},
+        warm_start={tag: warm_start_demos(r) for tag, r in previous.items() if r.cluster.local.warm_start_demos},
     )
     adopt_envs(recipe, list(previous.values()))  # the multi-env rollout needs every replayed env
     return recipe
+
+
+def warm_start_demos(recipe: Any) -> dict[str, Any]:
+    """How ``recipe``'s stage warm-starts on its gold demos (local backend), for a later stage to replay them."""
+    local = recipe.cluster.local
+    return {"demos": local.warm_start_demos, "max_response_len": recipe.rollout.rollout_max_response_len,
+            "min_reward": local.warm_start_min_reward}  # fmt: skip
 
 
 def adopt_envs(recipe: Any, earlier: Sequence[Any]) -> None:

@@ -50,6 +50,10 @@ class ReplaySettings:
     rule: str = "uniform"  # uniform | size: how ``share`` splits over the earlier domains
     data: dict[str, str] = field(default_factory=dict)  # env tag -> prompt file (filled by the curriculum)
     current: str | None = None  # the stage's own domain (filled by the curriculum; else the first record's)
+    # env tag -> how its own stage warm-started (the local backend's gold demos: ``demos``, the demo-turns
+    # function; ``max_response_len``; ``min_reward``), filled by the curriculum: the local stage's warm start
+    # replays them at the same share (slime's data source does not read it)
+    warm_start: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share < 1.0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,21 +216,42 @@ def stage_env_configs(cfg: LocalStageConfig, url: str) -> dict[str, dict[str, An
 
 
 def replay_mixture(
-    cfg: LocalStageConfig, train: list[dict[str, Any]], env_configs: Mapping[str, Mapping[str, Any]]
+    cfg: LocalStageConfig,
+    own: list[dict[str, Any]],
+    env_configs: Mapping[str, Mapping[str, Any]],
+    per_step: int | None = None,
+    domains: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The replay baseline (``cfg.replay``; empty: ``train`` as it is): the earlier domains' demo records mixed
-    into the stage's training records, each step's prompts holding the replay shares (largest remainder).
+    """The replay baseline (``cfg.replay``; empty: ``own`` as it is): the earlier domains' demo records mixed
+    into the stage's own records, each batch of ``per_step`` (default: a GRPO step's prompts) holding the
+    replay shares (largest remainder). The GRPO phase mixes its prompts with it, the warm start its gold-demo
+    records (``per_step``: its batch; ``domains``: the earlier domains with gold demos).
 
     ``env_configs``: each earlier domain's env settings, bound to the engine (the rollout serves them too).
+    No earlier domain's record is one of its held-out prompts (the evaluation runner's, this stage's seed's), unless
+    that leaves none (an env with a handful of prompts: then with a warning, as :func:`stage_records` does).
     """
     values = dict(cfg.replay or {})
-    if not values.get("enabled") or not values.get("domains"):
-        return train
-    earlier = {
-        tag: demo_records(get_environment(tag, dict(env_configs.get(tag) or {})), len(train), cfg.seed)
-        for tag in values["domains"]
-    }
-    return replay_records(values, train, earlier, cfg.seed, cfg.prompts_per_step)
+    tags = [t for t in values.get("domains") or () if domains is None or t in domains]
+    if not values.get("enabled") or not tags:
+        return own
+    earlier = {}
+    for tag in tags:
+        env = get_environment(tag, dict(env_configs.get(tag) or {}))
+        held_out = {prompt_key(r) for seed in {HELD_OUT_SEED, cfg.seed + HELD_OUT_SEED}
+                    for r in demo_records(env, max(cfg.eval_size, 1), seed)}  # fmt: skip
+        records = demo_records(env, len(own), cfg.seed)
+        earlier[tag] = [r for r in records if prompt_key(r) not in held_out] or _not_held_out(records, tag)
+    return replay_records(values, own, earlier, cfg.seed, per_step or cfg.prompts_per_step)
+
+
+def _not_held_out(records: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
+    """``records``, every one a held-out prompt (an env with a handful of prompts), with the stage's warning."""
+    warnings.warn(
+        f"every replayed prompt of env {tag!r} is also an evaluation prompt: its evaluation is not held out",
+        stacklevel=3,
+    )
+    return records
 
 
 def replay_records(

@@ -8,7 +8,10 @@ the adapter's for a PEFT model.
 
 Loss: the token-mean negative log-likelihood over the mask-1 tokens of a batch. An
 :class:`SftExample` masks out the prompt and the observations, exactly as a rollout's loss mask does,
-so SFT trains the tokens the policy itself writes and nothing else.
+so SFT trains the tokens the policy itself writes and nothing else. With ``kl_coef`` > 0 (the KL anchor
+acting on a stage's warm start) the loss adds ``kl_coef`` times the token-mean KL of the policy to a frozen
+``reference`` (the policy the stage started from) on those tokens, estimated as the GRPO phase does
+(:func:`aclarena_slime.local.trainer.approx_kl`, slime's ``low_var_kl`` by default).
 
 API::
 
@@ -19,6 +22,7 @@ API::
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Sequence
@@ -27,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from aclarena_slime.local.config import KL_TYPES
 
 
 class SftError(ValueError):
@@ -66,6 +72,8 @@ class SftSettings:
     micro_batch_size: int = 16
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
+    kl_coef: float = 0.0  # > 0: the KL term to the reference policy (the stage's start), as in GRPO
+    kl_loss_type: str = "low_var_kl"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "micro_batch_size"):
@@ -74,10 +82,20 @@ class SftSettings:
                 raise SftError(f"{name} must be a positive integer, got {value!r}")
         if self.lr <= 0:
             raise SftError(f"lr must be positive, got {self.lr!r}")
+        if self.kl_coef < 0:
+            raise SftError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.kl_loss_type not in KL_TYPES:
+            raise SftError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
 
 
 def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, int]:
     """Summed NLL of the mask-1 tokens of ``batch`` (right-padded into one forward) and their count."""
+    nll, target_mask = token_nll(model, batch, pad_id)
+    return (nll * target_mask).sum(), int(target_mask.sum())
+
+
+def token_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token NLL of ``batch``'s next tokens (right-padded into one forward) and their 0/1 loss mask."""
     longest = max(len(e.tokens) for e in batch)
     ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
     attention = torch.zeros((len(batch), longest), dtype=torch.long)
@@ -89,8 +107,38 @@ def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[to
     logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
     # The logits at position p predict token p + 1.
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-    target_mask = mask[:, 1:]
-    return (nll * target_mask).sum(), int(target_mask.sum())
+    return nll, mask[:, 1:]
+
+
+def masked_kl(
+    model: Any, reference: Any, batch: Sequence[SftExample], pad_id: int, kl_loss_type: str
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed NLL of ``batch``'s mask-1 tokens under ``model``, the summed KL estimate of ``model`` to
+    ``reference`` on them (the GRPO phase's estimator; the log-prob of a token is minus its NLL), and their count."""
+    from aclarena_slime.local.trainer import approx_kl  # trainer imports this module
+
+    nll, target_mask = token_nll(model, batch, pad_id)
+    with torch.no_grad():
+        ref_nll, _ = token_nll(reference, batch, pad_id)
+    kl = approx_kl(-nll, -ref_nll, kl_loss_type)
+    return (nll * target_mask).sum(), (kl * target_mask).sum(), int(target_mask.sum())
+
+
+def mean_kl(
+    model: Any, reference: Any, examples: Sequence[SftExample], pad_id: int, kl_loss_type: str = "low_var_kl",
+    micro_batch_size: int = 16,
+) -> float:  # fmt: skip
+    """Per-token KL estimate of ``model`` to ``reference`` on the trained tokens of ``examples`` (no gradient):
+    how far SFT moved the policy from where it started, where it trains."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(examples), micro_batch_size):
+            _, kl, n = masked_kl(model, reference, examples[start : start + micro_batch_size], pad_id, kl_loss_type)
+            total, count = total + float(kl), count + n
+    model.train(was_training)
+    return total / max(count, 1)
 
 
 def mean_nll(model: Any, examples: Sequence[SftExample], pad_id: int, micro_batch_size: int = 16) -> float:
@@ -113,35 +161,57 @@ def sft_step(
     pad_id: int,
     micro_batch_size: int = 16,
     max_grad_norm: float = 1.0,
+    reference: Any = None,
+    kl_coef: float = 0.0,
+    kl_loss_type: str = "low_var_kl",
 ) -> dict[str, float]:
-    """One optimiser step on the token-mean NLL of ``batch``; returns the loss, tokens and grad norm."""
+    """One optimiser step on the token-mean NLL of ``batch`` (plus ``kl_coef`` times the token-mean KL to
+    ``reference`` when ``kl_coef`` > 0); returns the NLL, tokens and grad norm (and the KL)."""
     if not batch:
         raise SftError("an SFT step needs at least one example")
+    if kl_coef and reference is None:
+        raise SftError("an SFT step with kl_coef > 0 needs the reference policy")
     n_tokens = sum(e.trained_tokens for e in batch)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
+    loss_sum = kl_sum = 0.0
     for start in range(0, len(batch), micro_batch_size):
-        loss, _ = masked_nll(model, batch[start : start + micro_batch_size], pad_id)
-        (loss / n_tokens).backward()  # micro-batches add up to the token mean of the whole batch
+        micro = batch[start : start + micro_batch_size]
+        if kl_coef:
+            loss, kl, _ = masked_kl(model, reference, micro, pad_id, kl_loss_type)
+            kl_sum += float(kl.detach())
+            ((loss + kl_coef * kl) / n_tokens).backward()
+        else:
+            loss, _ = masked_nll(model, micro, pad_id)
+            (loss / n_tokens).backward()  # micro-batches add up to the token mean of the whole batch
         loss_sum += float(loss.detach())
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     model.eval()
-    return {"loss": loss_sum / n_tokens, "tokens": float(n_tokens), "grad_norm": float(grad_norm)}
+    out = {"loss": loss_sum / n_tokens, "tokens": float(n_tokens), "grad_norm": float(grad_norm)}
+    return {**out, "kl": kl_sum / n_tokens} if kl_coef else out
 
 
 def train_sft(
-    model: Any, examples: Sequence[SftExample], settings: SftSettings, pad_id: int, seed: int = 0
+    model: Any,
+    examples: Sequence[SftExample],
+    settings: SftSettings,
+    pad_id: int,
+    seed: int = 0,
+    reference: Any = None,
 ) -> dict[str, Any]:
     """``settings.steps`` SFT steps on the parameters of ``model`` that require a gradient.
 
     Returns the per-token NLL of ``examples`` before and after, the mean loss of the first and last
-    tenth of the steps, and the seconds taken.
+    tenth of the steps, and the seconds taken. With ``settings.kl_coef`` > 0 the loss holds the KL term to
+    ``reference`` (frozen; required then), and the report the KL (``kl_first``/``kl_last`` per step,
+    ``kl_after`` on all ``examples``).
     """
     if not examples:
         raise SftError("no SFT examples (did every demo trajectory fail the reward filter?)")
+    if settings.kl_coef and reference is None:
+        raise SftError("SFT with kl_coef > 0 needs the reference policy (the stage's start)")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise SftError("the model has no trainable parameters")
@@ -151,13 +221,25 @@ def train_sft(
     rng = random.Random(seed)
     order: list[SftExample] = []
     losses: list[float] = []
+    kls: list[float] = []
+    kl = {"reference": reference, "kl_coef": settings.kl_coef, "kl_loss_type": settings.kl_loss_type}
     for _ in range(settings.steps):
         if len(order) < settings.batch_size:  # a fresh seeded epoch order when the current one runs out
             order += rng.sample(list(examples), len(examples))
         batch, order = order[: settings.batch_size], order[settings.batch_size :]
-        stats = sft_step(model, optimizer, batch, pad_id, settings.micro_batch_size, settings.max_grad_norm)
+        stats = sft_step(model, optimizer, batch, pad_id, settings.micro_batch_size, settings.max_grad_norm, **kl)
         losses.append(stats["loss"])
+        kls += [stats["kl"]] if "kl" in stats else []
     tenth = max(1, len(losses) // 10)
+    anchored = {}
+    if settings.kl_coef:
+        anchored = {
+            "kl_coef": settings.kl_coef,
+            "kl_loss_type": settings.kl_loss_type,
+            "kl_first": sum(kls[:tenth]) / tenth,
+            "kl_last": sum(kls[-tenth:]) / tenth,
+            "kl_after": mean_kl(model, reference, examples, pad_id, settings.kl_loss_type, settings.micro_batch_size),
+        }
     return {
         "examples": len(examples),
         "trained_tokens": sum(e.trained_tokens for e in examples),
@@ -166,6 +248,7 @@ def train_sft(
         "nll_after": mean_nll(model, examples, pad_id, settings.micro_batch_size),
         "loss_first": sum(losses[:tenth]) / tenth,
         "loss_last": sum(losses[-tenth:]) / tenth,
+        **anchored,
         "seconds": round(time.monotonic() - started, 2),
     }
 
@@ -175,17 +258,27 @@ def warm_start(
 ) -> tuple[Path, dict[str, Any]]:
     """Full fine-tune of the model in ``model_dir`` on ``examples``; saved (with its tokenizer) to ``out_dir``.
 
-    The result is a Hugging Face model folder, a new backbone for the RL stage's LoRA expert.
+    The result is a Hugging Face model folder, a new backbone for the RL stage's LoRA expert. With
+    ``settings.kl_coef`` > 0 the KL term's reference is the model in ``model_dir`` as it was (frozen).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    reference = frozen_copy(model) if settings.kl_coef else None
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    report = train_sft(model, examples, settings, int(pad or 0), seed)
+    report = train_sft(model, examples, settings, int(pad or 0), seed, reference)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out.resolve(), report
+
+
+def frozen_copy(model: Any) -> Any:
+    """A copy of ``model`` in eval mode with no parameter requiring a gradient: a KL reference."""
+    reference = copy.deepcopy(model).eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference

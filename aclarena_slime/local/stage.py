@@ -53,13 +53,14 @@ from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.records import (
     Sample,
+    StageRecords,
     bind_engine,
     new_sample,
     replay_mixture,
     stage_env_configs,
     stage_records,
 )
-from aclarena_slime.local.sft import SftExample, SftSettings, train_sft, warm_start
+from aclarena_slime.local.sft import SftExample, SftSettings, frozen_copy, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.plugin.registry import get_environment
@@ -84,7 +85,7 @@ def run_stage(cfg: LocalStageConfig) -> dict[str, Any]:
 
 async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     started = time.monotonic()
-    model_dir = stage_model(cfg, await tokenizer_texts(cfg))
+    model_dir = start_dir = stage_model(cfg, await tokenizer_texts(cfg))
     warm: dict[str, Any] | None = None
     into_policy = cfg.warm_start_steps and cfg.warm_start_target == "policy"
     if cfg.warm_start_steps and not into_policy:
@@ -92,6 +93,10 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
     trainer = PolicyTrainer.build(
         model_dir, train_settings(cfg), None if cfg.full_finetune else cfg.lora, cfg.base_adapter, cfg.seed
     )
+    if cfg.kl_coef and cfg.full_finetune and model_dir != start_dir:
+        # The KL anchor's reference is the policy the stage starts from, in the GRPO phase as in the warm start
+        # before it, not the warm-started model.
+        trainer.reference = load_reference(start_dir)
     if into_policy:
         warm = await policy_warm_start(cfg, model_dir, trainer)
     async with served_stage(cfg, model_dir) as stage:
@@ -260,8 +265,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     )  # None: no earlier domain to watch
     with _progress(cfg.progress) as progress:
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
-        before = await evaluate(stage.context, split.evaluation, cfg, limit)
-        before_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
+        before = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
+        before_sampled = await evaluate(stage.context, in_stage(cfg, split), cfg, limit, cfg.temperature)
         validation = [await validate(stage.context, split.validation, cfg, limit, 0)] if split.validation else []
         progress.advance(task)
         keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
@@ -304,8 +309,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
                 validation.append(await validate(stage.context, split.validation, cfg, limit, step + 1))
         if split.validation and validation[-1]["step"] != len(steps):
             validation.append(await validate(stage.context, split.validation, cfg, limit, len(steps)))
-        after = await evaluate(stage.context, split.evaluation, cfg, limit)
-        after_sampled = await evaluate(stage.context, split.evaluation, cfg, limit, cfg.temperature)
+        after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
+        after_sampled = await evaluate(stage.context, in_stage(cfg, split), cfg, limit, cfg.temperature)
         progress.advance(task)
     if trainer.full:
         trainer.save(cfg.policy_dir)
@@ -328,7 +333,7 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
     await serve_policy(cfg, stage, trainer, loaded=False)
     split = stage_records(stage.env, cfg)
     limit = asyncio.Semaphore(cfg.max_concurrency)
-    before = await evaluate(stage.context, split.evaluation, cfg, limit)
+    before = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
     teacher = await rollout_step(stage.context, split.train, cfg, 0, limit)
     kept, report = keep(teacher, cfg.env, sft_filter(cfg))
     examples = rollout_examples(kept)
@@ -337,7 +342,7 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
         stats = await asyncio.to_thread(trainer.sft_step, examples)
         steps.append({"epoch": epoch, "samples": float(len(examples)), **stats})
     await serve_policy(cfg, stage, trainer, loaded=True)
-    after = await evaluate(stage.context, split.evaluation, cfg, limit)
+    after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return {
@@ -397,10 +402,10 @@ def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
 # (``warm_start_model/``, with WARM_START_RECORD).
 AFTER_WARM_START = frozenset(
     {
-        "kind", "sft_filter", "sft_epochs", "full_finetune", "kl_coef", "kl_loss_type", "weight_decay",
+        "kind", "sft_filter", "sft_epochs", "full_finetune", "weight_decay",
         "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
         "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
-        "max_concurrency", "progress", "monitor", "replay", "base_adapter", "output_dir", "validation_size",
+        "max_concurrency", "progress", "monitor", "base_adapter", "output_dir", "validation_size",
         "validation_interval",
     }
 )  # fmt: skip
@@ -431,11 +436,11 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
     if cached is not None:
         backbone = cfg.warm_start_dir.resolve()
         return backbone, {**cached, "backbone": str(backbone), "cached": True, "engine_generated_tokens": 0}
-    before, examples, replay, generated = await warm_start_examples(cfg, model_dir)
+    before, examples, demos, generated = await warm_start_examples(cfg, model_dir)
     settings = warm_start_settings(cfg)
     (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
     backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
-    report = {"eval_before": before, "demos": replay, "sft": sft, "backbone": str(backbone)}
+    report = {"eval_before": before, **demos, "sft": sft, "backbone": str(backbone)}
     write_json_atomic(backbone / WARM_START_RECORD, {"key": warm_start_key(cfg), "warm_start": report})
     return backbone, {**report, "cached": False, "engine_generated_tokens": generated}
 
@@ -443,51 +448,88 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
 async def policy_warm_start(cfg: LocalStageConfig, model_dir: Path, trainer: PolicyTrainer) -> dict[str, Any]:
     """The warm start into the stage's policy (``warm_start_target: policy``): the same SFT on the gold demos,
     on the trainer's parameters (a LoRA expert: the backbone stays as it is, shared by other experts)."""
-    before, examples, replay, generated = await warm_start_examples(cfg, model_dir)
+    before, examples, demos, generated = await warm_start_examples(cfg, model_dir)
     settings = warm_start_settings(cfg)
-    sft = await asyncio.to_thread(train_sft, trainer.model, examples, settings, trainer.pad_id, cfg.seed)
-    return {"eval_before": before, "demos": replay, "sft": sft, "target": "policy", "cached": False,
+    reference = trainer.reference if settings.kl_coef else None
+    sft = await asyncio.to_thread(train_sft, trainer.model, examples, settings, trainer.pad_id, cfg.seed, reference)
+    return {"eval_before": before, **demos, "sft": sft, "target": "policy", "cached": False,
             "engine_generated_tokens": generated}  # fmt: skip
 
 
 def warm_start_settings(cfg: LocalStageConfig) -> SftSettings:
     """The warm start's SFT schedule (the recipe's ``cluster.local.warm_start_*``), the same for a backbone or an
-    expert target."""
+    expert target, with the stage's KL term (``algorithm.use_kl_loss``: the KL anchor acts on the warm start too)."""
     return SftSettings(
         steps=cfg.warm_start_steps,
         batch_size=cfg.warm_start_batch_size,
         lr=cfg.warm_start_lr,
         micro_batch_size=cfg.micro_batch_size,
+        kl_coef=cfg.kl_coef,
+        kl_loss_type=cfg.kl_loss_type,
     )
 
 
-async def warm_start_examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[Any, list[SftExample], Any, int]:
-    """The base model's held-out reward, the env's gold demo trajectories as SFT examples (those scoring at least
-    the warm start's bar), the replay's report, and the tokens the engine generated."""
+def load_reference(model_dir: Path) -> Any:
+    """The model in ``model_dir``, frozen: a KL reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return frozen_copy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
+
+
+async def warm_start_examples(
+    cfg: LocalStageConfig, model_dir: Path
+) -> tuple[Any, list[SftExample], dict[str, Any], int]:
+    """The base model's held-out reward, the SFT examples, what went into them, and the tokens the engine generated.
+
+    The examples are the env's gold demo trajectories (those scoring at least the warm start's bar); with the
+    replay baseline (``cfg.replay``) the warm-start records are the replay mixture, the GRPO phase's mechanism
+    and shares, of the stage's own records and the earlier domains' with gold demos, each replayed through its
+    own env at its own stage's budget and bar. The report: ``demos`` (the own env's replay), and with replay
+    ``replayed`` (each earlier env's) and ``mixed`` (the examples per env)."""
+    replayed = dict(cfg.replay.get("warm_start") or {}) if cfg.replay.get("enabled") else {}
     async with served_stage(cfg, model_dir) as stage:
         records = stage_records(stage.env, cfg)
         with _progress(cfg.progress) as progress:
             task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
-            before = await evaluate(stage.context, records.evaluation, cfg, asyncio.Semaphore(cfg.max_concurrency))
+            before = await evaluate(stage.context, in_stage(cfg, records), cfg, asyncio.Semaphore(cfg.max_concurrency))
             progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
-            env = stage.env
-            best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
-            examples, replay = await demo_examples(
-                env,
-                stage.context.chat,
-                records.warm_start,
-                load_demo_turns(str(cfg.warm_start_demos)),
-                stage.context.budgets,
-                best,
-                _end_of_turn(stage.engine.model),
+            mixed = replay_mixture(
+                cfg, records.warm_start, stage.context.env_configs, cfg.warm_start_batch_size, list(replayed)
             )
+            by_env: dict[str, list[dict[str, Any]]] = {}
+            for record in mixed:
+                by_env.setdefault(record["metadata"]["env"], []).append(record)
+            own = {"demos": cfg.warm_start_demos, "max_response_len": cfg.max_response_len,
+                   "min_reward": cfg.warm_start_min_reward}  # fmt: skip
+            examples: list[SftExample] = []
+            reports: dict[str, dict[str, Any]] = {}
+            for tag, tag_records in by_env.items():
+                demos = own if tag == cfg.env else replayed[tag]
+                env = stage.context.env(tag)
+                best = env.reward_range[1] if demos.get("min_reward") is None else demos["min_reward"]
+                tag_examples, replay = await demo_examples(
+                    env,
+                    stage.context.chat,
+                    tag_records,
+                    load_demo_turns(str(demos["demos"])),
+                    Budgets(max_response_len=int(demos["max_response_len"]), mode=cfg.response_budget),
+                    best,
+                    _end_of_turn(stage.engine.model),
+                )
+                examples += tag_examples
+                reports[tag] = {"records": len(tag_records), "examples": len(tag_examples), **replay.as_dict()}
             progress.advance(task)
-    if not examples:
+    if not reports[cfg.env]["examples"]:
         raise LocalStageError(
-            f"no gold demo trajectory of {cfg.warm_start_demos} scored at least {best} within "
-            f"max_response_len={cfg.max_response_len} ({replay.as_dict()}); nothing to warm-start on"
+            f"no gold demo trajectory of {cfg.warm_start_demos} scored at least the warm start's bar within "
+            f"max_response_len={cfg.max_response_len} ({reports[cfg.env]}); nothing to warm-start on"
         )
-    return before, examples, replay.as_dict(), stage.engine.generated_tokens
+    report: dict[str, Any] = {"demos": {k: v for k, v in reports[cfg.env].items() if k not in ("records", "examples")}}
+    if replayed:
+        report["mixed"] = {tag: r["examples"] for tag, r in reports.items()}
+        report["replayed"] = {tag: r for tag, r in reports.items() if tag != cfg.env}
+    return before, examples, report, stage.engine.generated_tokens
 
 
 def _end_of_turn(model: MultiLoraModel) -> int:
@@ -533,6 +575,12 @@ async def evaluate(
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable)}
+
+
+def in_stage(cfg: LocalStageConfig, records: StageRecords) -> list[dict[str, Any]]:
+    """The held-out records the stage evaluates itself: none with ``stage_eval`` off (the arena's evaluator
+    measures the stage's policy afterwards; the records stay out of training all the same)."""
+    return records.evaluation if cfg.stage_eval else []
 
 
 async def validate(

@@ -37,6 +37,10 @@ class LocalBackendSettings:
     data_path: str | None = None  # None: the env's generated demo records
     eval_data_path: str | None = None  # None: eval_size further demo records (another seed)
     eval_size: int = 16
+    # Evaluate the stage's own held-out prompts inside the stage (before the warm start, before and after GRPO;
+    # greedy and sampled). False: not there (``eval_size`` still keeps them out of training), as in the arena,
+    # whose evaluator measures every domain after every stage.
+    stage_eval: bool = True
     # Validation prompts carved out of the RL records (never trained on, never the held-out ones): what the
     # profile's settings are chosen on, evaluated greedily every ``validation_interval`` GRPO steps (0: before
     # and after only); the held-out reward stays the reported figure.

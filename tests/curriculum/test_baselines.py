@@ -194,3 +194,25 @@ def test_the_kl_anchor_section_gives_the_local_stage_its_kl_term(tmp_path: Path)
     anchored = local_config(load_recipe(RECIPES / "stage4_if.yaml", [*base, *anchor]))
     sequential = local_config(load_recipe(RECIPES / "stage4_if.yaml", base))
     assert (anchored.kl_coef, anchored.kl_loss_type) == (0.1, "low_var_kl") and sequential.kl_coef == 0.0
+
+
+def test_local_replay_carries_the_earlier_stages_gold_demos_to_the_warm_start(tmp_path: Path):
+    """The replaying stage's warm start needs each earlier domain's demo-turns function, budget and bar, as that
+    domain's own stage warm-started; a domain without gold demos (retail) has none to replay."""
+    data = _retail_data(tmp_path / "tau3-retail")
+    path = tmp_path / "replay.yaml"
+    path.write_text(
+        f"name: replay_demos\noutput_dir: {tmp_path / 'out'}\n"
+        f"overrides: [cluster=local, paths.root={tmp_path}, '++env_config.retail.data_dir={data}']\n"
+        f"stages:\n  - {{name: math, recipe: {RECIPES}/stage1_math.yaml, overrides: [rollout.rollout_max_response_len=24]}}\n"
+        f"  - {{name: retail, recipe: {RECIPES}/stage3_retail.yaml}}\n"
+        f"  - {{name: ifeval, recipe: {RECIPES}/stage4_if.yaml}}\n"
+        "replay: {enabled: true, share: 0.25}\n"
+    )
+    runner = FakeRunner()
+    run_curriculum(path, runner=runner, evaluator=lambda *_: None)
+    ifeval = local_config(runner.recipes[-1])
+    assert ifeval.replay["domains"] == ["math", "retail"]
+    assert ifeval.replay["warm_start"] == {
+        "math": {"demos": "aclarena_envs.math.data.demo_turns", "max_response_len": 24, "min_reward": None}
+    }

@@ -1,0 +1,147 @@
+"""The arena's methods act on a stage's warm start too: replay mixes the earlier domains' gold demos into it,
+the KL anchor adds its KL term to the policy the stage starts from."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from aclarena_envs.math.data import demo_turns as math_demo_turns
+from aclarena_envs.math.env import MathEnvironment
+from aclarena_slime.chat_tokens import ChatTokens
+from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.demos import demo_examples
+from aclarena_slime.local.records import demo_records, prompt_key, replay_mixture
+from aclarena_slime.local.sft import SftError, SftSettings, frozen_copy, mean_kl, train_sft
+from aclarena_slime.local.stage import cached_warm_start, run_stage
+from aclarena_slime.rollout import Budgets
+
+MATH_DEMOS = "aclarena_envs.math.data.demo_turns"
+
+
+@pytest.fixture(scope="module")
+def math_examples(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    chat = ChatTokens(AutoTokenizer.from_pretrained(tiny_model_dir))
+    env = MathEnvironment({"workers": 1})
+    eot = chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    async def run():
+        try:
+            return await demo_examples(env, chat, env.demo_records(16, seed=0), math_demo_turns, Budgets(512), 1.0, eot)
+        finally:
+            await env.aclose()
+
+    return asyncio.run(run())[0]
+
+
+def _trained(tiny_model_dir, examples, settings, with_reference=True):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    start = frozen_copy(model)
+    report = train_sft(model, examples, settings, pad_id=0, seed=0, reference=start if with_reference else None)
+    return model, start, report
+
+
+def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_model_dir, math_examples):
+    plain_settings = SftSettings(steps=8, batch_size=8, lr=3e-3)
+    plain, start, plain_report = _trained(tiny_model_dir, math_examples, plain_settings)
+    anchored, _, report = _trained(
+        tiny_model_dir, math_examples, SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=1.0)
+    )
+    plain_kl = mean_kl(plain, start, math_examples, pad_id=0)
+    assert 0 < report["kl_after"] < plain_kl  # same data, seed and schedule: the anchor held the policy nearer
+    assert report["kl_after"] == pytest.approx(mean_kl(anchored, start, math_examples, pad_id=0))
+    assert report["kl_coef"] == 1.0 and report["kl_first"] >= 0 and report["kl_last"] > 0
+    assert report["nll_after"] < report["nll_before"]  # it still learns the demos
+    # Coefficient 0 is the plain SFT exactly: the reference is not used, the report and weights are today's.
+    _, _, unreferenced = _trained(tiny_model_dir, math_examples, plain_settings, with_reference=False)
+    assert {k: v for k, v in unreferenced.items() if k != "seconds"} == {
+        k: v for k, v in plain_report.items() if k != "seconds"
+    }
+    assert not any(k.startswith("kl") for k in plain_report)
+    again, _, _ = _trained(tiny_model_dir, math_examples, plain_settings, with_reference=False)
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), plain.parameters(), strict=True))
+    with pytest.raises(SftError, match="reference"):
+        train_sft(plain, math_examples, SftSettings(steps=1, kl_coef=0.1), pad_id=0)
+    with pytest.raises(SftError, match="kl_loss_type"):
+        SftSettings(kl_coef=0.1, kl_loss_type="k4")
+
+
+def _stage(tmp_path, **extra) -> LocalStageConfig:
+    return LocalStageConfig(**{
+        "env": "ifeval", "output_dir": str(tmp_path / "stage"), "steps": 1, "prompts_per_step": 2,
+        "samples_per_prompt": 2, "max_response_len": 48, "eval_size": 2, "torch_threads": 1, "progress": False,
+        "warm_start_steps": 2, "warm_start_records": 16, "warm_start_batch_size": 8,
+        "warm_start_demos": "aclarena_envs.ifeval.demo_answers.demo_turns", "full_finetune": True, **extra,
+    })  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_replay_warm_start_trains_on_the_earlier_domains_demos(tmp_path):
+    """Replay's share of the warm start's records are the earlier domain's (math), replayed through its own env at
+    its own budget; the metrics say how many of each env went in. The anchored warm start reports its KL, and
+    the GRPO phase's reference is the stage's start, not the warm-started model."""
+    replay = {
+        "enabled": True, "share": 0.25, "rule": "uniform", "current": "ifeval", "domains": ["math"],
+        "env_config": {"math": {"workers": 1}},
+        "warm_start": {"math": {"demos": MATH_DEMOS, "max_response_len": 32, "min_reward": None}},
+    }  # fmt: skip
+    cfg = _stage(tmp_path, replay=replay, kl_coef=0.1)
+    metrics = run_stage(cfg)
+    warm = metrics["warm_start"]
+    assert warm["mixed"]["math"] == 4 and warm["replayed"]["math"]["records"] == 4  # a quarter of 16
+    assert warm["replayed"]["math"]["kept"] == 4  # the math demos fit math's own budget
+    assert warm["sft"]["examples"] == warm["mixed"]["math"] + warm["mixed"]["ifeval"]
+    assert warm["sft"]["kl_after"] > 0
+    # The GRPO phase measures (and anchors) the policy against the stage's start: already apart at step 0.
+    assert metrics["steps"][0]["kl_to_start"] > 0
+    # The warm start depends on the replay and the KL term: a changed one is not the cached backbone.
+    assert cached_warm_start(cfg) is not None
+    assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "kl_coef": 0.0})) is None
+    assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "replay": {}})) is None
+
+
+def test_replayed_records_are_never_an_earlier_domains_held_out_prompts():
+    cfg = LocalStageConfig(
+        env="ifeval", output_dir="unused", steps=8, prompts_per_step=16, eval_size=32, progress=False,
+        replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
+    )  # fmt: skip
+    own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(128)]
+    replayed = [r for r in replay_mixture(cfg, own, {"math": {}}) if r["metadata"]["env"] == "math"]
+    env = MathEnvironment({})
+    held_out = {prompt_key(r) for r in demo_records(env, 32, HELD_OUT_SEED)}
+    assert len(replayed) == 64 and not {prompt_key(r) for r in replayed} & held_out
+    assert replay_mixture(cfg, own, {"math": {}}, per_step=8, domains=["search"]) is own  # no domain with demos
+
+
+@pytest.mark.slow
+def test_a_stage_without_its_own_evaluations_trains_exactly_the_same(tmp_path):
+    """``stage_eval=false`` (the arena: its evaluator measures every stage afterwards) skips the stage's own held-out
+    evaluations and nothing else: the same records, rollouts, updates and weights."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for stage_eval in (True, False):
+        cfg = LocalStageConfig(
+            env="math", output_dir=str(tmp_path / str(stage_eval)), env_config={"workers": 1}, steps=2,
+            prompts_per_step=2, samples_per_prompt=4, max_response_len=16, eval_size=2, torch_threads=1,
+            progress=False, warm_start_steps=2, warm_start_records=8, warm_start_demos=MATH_DEMOS,
+            full_finetune=True, stage_eval=stage_eval,
+        )  # fmt: skip
+        runs[stage_eval] = (run_stage(cfg), load_file(cfg.policy_dir / "model.safetensors"))
+    (full, full_weights), (bare, bare_weights) = runs[True], runs[False]
+    assert full["eval_after"]["n"] == 2 and bare["eval_after"]["n"] == bare["eval_before"]["n"] == 0
+    assert bare["records"] == full["records"]
+    drop = ("seconds",)
+    assert [{k: v for k, v in s.items() if k not in drop} for s in bare["steps"]] == [
+        {k: v for k, v in s.items() if k not in drop} for s in full["steps"]
+    ]
+    assert bare["warm_start"]["sft"]["nll_after"] == full["warm_start"]["sft"]["nll_after"]
+    assert all(torch.equal(bare_weights[k], full_weights[k]) for k in full_weights)
