@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError, load_suite
+from aclarena_slime.evaluation.suite import HELD_OUT_DEMOS, EvalDataset, EvalSuite, SuiteError, load_suite
 
 ACTIONS = ("warn", "keep", "stop")
 KEPT_DIR = "kept_adapter"  # the policy of the last check before a fall (action "keep")
@@ -73,6 +73,11 @@ class MonitorSettings:
             raise MonitorError(f"monitor.action must be one of {', '.join(ACTIONS)}, got {self.action!r}")
         if self.demo_size < 1 or self.max_response_len < 1:
             raise MonitorError("monitor.demo_size and monitor.max_response_len must be positive")
+        if self.demo_size > HELD_OUT_DEMOS:  # beyond them, a stage may have trained on the prompts checked
+            raise MonitorError(
+                f"monitor.demo_size is at most {HELD_OUT_DEMOS} (the held-out demo records no local stage trains "
+                f"on), got {self.demo_size}; give a suite of data files for a larger check"
+            )
         if not all(isinstance(d, str) and d for d in self.domains):
             raise MonitorError(f"monitor.domains must be env tags, got {list(self.domains)!r}")
 

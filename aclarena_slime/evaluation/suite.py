@@ -41,6 +41,9 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 # stage of seed s holds out those of seed s + HELD_OUT_SEED (its training records are drawn at seed s). At the
 # default seed 0 the evaluation, the forgetting monitor and the local stage hold out the same prompts.
 HELD_OUT_SEED = 10_007
+# How many of the held-out seed's demo records every local stage leaves out of training, whatever its own
+# ``eval_size``: a forgetting monitor checks up to this many of them (``monitor.demo_size``).
+HELD_OUT_DEMOS = 32
 
 
 class SuiteError(ValueError):

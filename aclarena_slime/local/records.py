@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.distill.balanced_source import DomainBalancer, ReplaySettings, replay_weights
-from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+from aclarena_slime.evaluation.suite import HELD_OUT_DEMOS, HELD_OUT_SEED
 from aclarena_slime.jsonl import JsonlError, iter_jsonl
 from aclarena_slime.plugin.contract import Environment
 from aclarena_slime.plugin.registry import get_environment
@@ -135,7 +135,8 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     else is left (never the validation prompts).
 
     Demo training records also leave out the demo records the evaluation runner and the forgetting monitor
-    check (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`), whatever the stage's seed.
+    check (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`, at least
+    :data:`~aclarena_slime.evaluation.suite.HELD_OUT_DEMOS` of them), whatever the stage's seed and eval size.
     """
     if cfg.eval_size == 0:
         evaluation: list[dict[str, Any]] = []
@@ -144,9 +145,9 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     else:
         evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED)
     held_out = {prompt_key(r) for r in evaluation}
-    if not cfg.data_path and cfg.seed:  # also the held-out seed's own demo records: what the evaluation runner
-        # and the forgetting monitor of later stages check (at seed 0 they are the evaluation records above)
-        held_out |= {prompt_key(r) for r in demo_records(env, max(cfg.eval_size, 1), HELD_OUT_SEED)}
+    if not cfg.data_path:  # also the held-out seed's own demo records: what the evaluation runner and the
+        # forgetting monitor of later stages check, at least HELD_OUT_DEMOS of them (a monitor's demo_size)
+        held_out |= {prompt_key(r) for r in demo_records(env, max(cfg.eval_size, HELD_OUT_DEMOS), HELD_OUT_SEED)}
     n_train = cfg.steps * cfg.prompts_per_step
     n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
     n_val = cfg.validation_size

@@ -357,13 +357,10 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
 
 
 def sft_filter(cfg: LocalStageConfig) -> MixtureSettings:
-    """The recipe's ``aclarena_sft_filter`` as the SFT data pipeline's settings."""
-    from aclarena_slime.distill.sdft import MixtureSettings
-
-    f = cfg.sft_filter
-    if f is None:
+    """The recipe's ``aclarena_sft_filter`` as the SFT data pipeline's settings (its own one conversion)."""
+    if cfg.sft_filter is None:
         raise LocalStageError("an SFT stage needs custom.aclarena_sft_filter (min_reward, statuses, max_tokens)")
-    return MixtureSettings(default_threshold=float(f.min_reward), statuses=tuple(f.statuses), max_tokens=f.max_tokens)
+    return cfg.sft_filter.mixture()
 
 
 def keep(samples: Sequence[Sample], domain: str, settings: MixtureSettings) -> tuple[list[Sample], Any]:

@@ -242,17 +242,25 @@ def test_validation_prompts_come_out_of_the_rl_records_and_are_never_trained_on(
     asyncio.run(env.aclose())
 
 
-def test_the_monitors_demo_prompts_are_never_training_prompts_whatever_the_seed(tmp_path):
-    """The evaluation runner and the forgetting monitor check the demo records of HELD_OUT_SEED; a stage of
-    another seed holds them out of its training records too."""
-    from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+@pytest.mark.parametrize(("seed", "eval_size"), [(5, 16), (0, 2), (1, 0)])
+def test_the_monitors_demo_prompts_are_never_training_prompts_whatever_the_seed(tmp_path, seed, eval_size):
+    """The evaluation runner and the forgetting monitor check the demo records of HELD_OUT_SEED, up to the
+    largest demo_size a monitor accepts; a stage holds them out of its training records whatever its seed and
+    its own eval size (a small eval size at seed 0 or 1 used to leave some of a monitor's prompts in)."""
+    from aclarena_slime.evaluation.monitor import MonitorError, MonitorSettings
+    from aclarena_slime.evaluation.suite import HELD_OUT_DEMOS, HELD_OUT_SEED
 
     env = MathEnvironment({"workers": 1})
-    cfg = LocalStageConfig(env="math", output_dir=str(tmp_path), eval_size=16, steps=64, prompts_per_step=8, seed=5)
-    checked = {prompt_key(r) for r in env.demo_records(8, seed=HELD_OUT_SEED)}  # a monitor's demo_size
+    cfg = LocalStageConfig(
+        env="math", output_dir=str(tmp_path), eval_size=eval_size, steps=64, prompts_per_step=8, seed=seed
+    )
+    checked = {prompt_key(r) for r in env.demo_records(HELD_OUT_DEMOS, seed=HELD_OUT_SEED)}  # the largest monitor
     split = stage_records(env, cfg)
-    assert not checked & {prompt_key(r) for r in split.train}
-    assert checked & {prompt_key(r) for r in env.demo_records(512 + 16, seed=5)}  # they were in the draw
+    assert not checked & {prompt_key(r) for r in split.train + split.warm_start + split.validation}
+    assert checked & {prompt_key(r) for r in env.demo_records(512 + 64, seed=seed)}  # they were in the draw
+    MonitorSettings(demo_size=HELD_OUT_DEMOS)
+    with pytest.raises(MonitorError, match="demo_size is at most"):
+        MonitorSettings(demo_size=HELD_OUT_DEMOS + 1)
     asyncio.run(env.aclose())
 
 
@@ -285,8 +293,8 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     assert adapter_config["base_model_name_or_path"] == warm["backbone"]  # the expert sits on the new backbone
     assert {metrics[k]["n"] for k in ("eval_before", "eval_warm_start", "eval_after")} == {2}
     assert metrics["records"] == {
-        "train": 2, "warm_start": 8, "validation": 2, "evaluation": 2, "overlap_dropped": 0, "held_out": True
-    }  # fmt: skip
+        "train": 2, "warm_start": 8, "validation": 2, "evaluation": 2, "overlap_dropped": 2, "held_out": True
+    }  # fmt: skip  (2 drawn prompts are among the HELD_OUT_DEMOS a monitor may check)
     assert [(v["step"], v["n"]) for v in metrics["eval_validation"]] == [(0, 2), (1, 2)]  # before and after GRPO
     base, warm_reward, after = (metrics[k]["mean_reward"] for k in ("eval_before", "eval_warm_start", "eval_after"))
     line = finished_text(StageResult(0, "local", adapter=str(cfg.adapter_dir), metrics=metrics))
