@@ -35,9 +35,9 @@ async def engine(engine_model):
     seen: list[str | None] = []
     generate = eng.generate
 
-    async def recording(input_ids, params, adapter, rid=None):
+    async def recording(input_ids, params, adapter, *rest):
         seen.append(adapter)
-        return await generate(input_ids, params, adapter, rid)
+        return await generate(input_ids, params, adapter, *rest)
 
     eng.generate = recording  # the /generate handler calls it: records each turn's adapter
     async with eng.serve() as url:
