@@ -11,7 +11,7 @@ Loss: the token-mean negative log-likelihood over the mask-1 tokens of a batch. 
 so SFT trains the tokens the policy itself writes and nothing else. With ``kl_coef`` > 0 (the KL anchor
 acting on a stage's warm start) the loss adds ``kl_coef`` times the token-mean KL of the policy to a frozen
 ``reference`` (the policy the stage started from) on those tokens, estimated as the GRPO phase does
-(:func:`aclarena_slime.local.trainer.approx_kl`, slime's ``low_var_kl`` by default).
+(:func:`approx_kl`, slime's ``low_var_kl`` by default; the GRPO trainer's estimator too).
 
 API::
 
@@ -88,6 +88,25 @@ class SftSettings:
             raise SftError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
 
 
+def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_loss_type: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL estimate of the policy to the reference, as slime's ``compute_approx_kl`` (the GRPO
+    trainer's KL term and the SFT anchor's).
+
+    ``k1``: log r; ``k2``: (log r)^2 / 2; ``k3`` / ``low_var_kl``: exp(-log r) - 1 + log r (Schulman's
+    non-negative estimator), with r = pi / pi_ref; ``low_var_kl`` is clamped to [-10, 10].
+    """
+    log_ratio = log_probs.float() - ref_log_probs.float()
+    if kl_loss_type == "k1":
+        kl = log_ratio
+    elif kl_loss_type == "k2":
+        kl = log_ratio**2 / 2.0
+    elif kl_loss_type in ("k3", "low_var_kl"):
+        kl = (-log_ratio).exp() - 1 + log_ratio
+    else:
+        raise ValueError(f"unknown kl_loss_type {kl_loss_type!r} (one of {', '.join(KL_TYPES)})")
+    return torch.clamp(kl, min=-10, max=10) if kl_loss_type == "low_var_kl" else kl
+
+
 def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, int]:
     """Summed NLL of the mask-1 tokens of ``batch`` (right-padded into one forward) and their count."""
     nll, target_mask = token_nll(model, batch, pad_id)
@@ -115,8 +134,6 @@ def masked_kl(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed NLL of ``batch``'s mask-1 tokens under ``model``, the summed KL estimate of ``model`` to
     ``reference`` on them (the GRPO phase's estimator; the log-prob of a token is minus its NLL), and their count."""
-    from aclarena_slime.local.trainer import approx_kl  # trainer imports this module
-
     nll, target_mask = token_nll(model, batch, pad_id)
     with torch.no_grad():
         ref_nll, _ = token_nll(reference, batch, pad_id)

@@ -35,7 +35,7 @@ import torch
 from aclarena_slime.group_rewards import GroupNormalization, normalized_rewards
 from aclarena_slime.local.config import KL_TYPES
 from aclarena_slime.local.generation import token_log_probs
-from aclarena_slime.local.sft import SftExample, sft_step
+from aclarena_slime.local.sft import SftExample, approx_kl, sft_step
 from aclarena_slime.lora.config import LoraConfig
 
 
@@ -83,24 +83,6 @@ def grpo_advantages(rewards: Sequence[float], groups: Sequence[int]) -> list[flo
     :func:`aclarena_slime.group_rewards.normalized_rewards`, slime's own normalisation."""
     samples = [SimpleNamespace(group_index=g, remove_sample=False) for g in groups]
     return normalized_rewards(samples, [float(r) for r in rewards], GroupNormalization("grpo"))
-
-
-def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_loss_type: str = "low_var_kl") -> torch.Tensor:
-    """Per-token KL estimate of the policy to the reference, as slime's ``compute_approx_kl``.
-
-    ``k1``: log r; ``k2``: (log r)^2 / 2; ``k3`` / ``low_var_kl``: exp(-log r) - 1 + log r (Schulman's
-    non-negative estimator), with r = pi / pi_ref; ``low_var_kl`` is clamped to [-10, 10].
-    """
-    log_ratio = log_probs.float() - ref_log_probs.float()
-    if kl_loss_type == "k1":
-        kl = log_ratio
-    elif kl_loss_type == "k2":
-        kl = log_ratio**2 / 2.0
-    elif kl_loss_type in ("k3", "low_var_kl"):
-        kl = (-log_ratio).exp() - 1 + log_ratio
-    else:
-        raise ValueError(f"unknown kl_loss_type {kl_loss_type!r} (one of {', '.join(KL_TYPES)})")
-    return torch.clamp(kl, min=-10, max=10) if kl_loss_type == "low_var_kl" else kl
 
 
 def ppo_clipped_loss(

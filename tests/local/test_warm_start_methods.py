@@ -139,9 +139,13 @@ def test_a_stage_without_its_own_evaluations_trains_exactly_the_same(tmp_path):
     (full, full_weights), (bare, bare_weights) = runs[True], runs[False]
     assert full["eval_after"]["n"] == 2 and bare["eval_after"]["n"] == bare["eval_before"]["n"] == 0
     assert bare["records"] == full["records"]
-    drop = ("seconds",)
+    # The engine-vs-trainer log-prob gap is float noise (~1e-7) that moves with how requests share the engine's
+    # batches, which the evaluations change; everything the update reads is equal.
+    noise = ("logprob_mismatch", "parity_mean_abs", "parity_max_abs")
+    drop = ("seconds", *noise)
     assert [{k: v for k, v in s.items() if k not in drop} for s in bare["steps"]] == [
         {k: v for k, v in s.items() if k not in drop} for s in full["steps"]
     ]
+    assert all(s.get(k, 0.0) < 1e-5 for s in bare["steps"] + full["steps"] for k in noise)
     assert bare["warm_start"]["sft"]["nll_after"] == full["warm_start"]["sft"]["nll_after"]
     assert all(torch.equal(bare_weights[k], full_weights[k]) for k in full_weights)
