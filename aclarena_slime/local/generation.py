@@ -366,12 +366,9 @@ class MultiLoraModel:
             logits = self.forward.prefill(ids, lengths, cache, torch.tensor(new), self._adapters(admitted), first)
             if first is not None:
                 logits = self._score_prompts(admitted, first, logits)
-            if all(r.budget > 0 for r in admitted):
-                self._advance(logits, new, cache)
-            else:  # prompts only scored leave now, unsampled
-                going = [i for i, r in enumerate(admitted) if r.budget > 0]
-                scored = [(new[i], {"type": LENGTH, "length": 0}) for i, r in enumerate(admitted) if r.budget <= 0]
-                self._advance(logits[going], [new[i] for i in going], cache, scored)
+            going = [i for i, r in enumerate(admitted) if r.budget > 0]  # prompts only scored leave now, unsampled
+            scored = [(new[i], {"type": LENGTH, "length": 0}) for i, r in enumerate(admitted) if r.budget <= 0]
+            self._advance(logits[going], [new[i] for i in going], cache, scored)
         running = self._running
         if running:
             cache.fit(max(r.length for r in running) + 1)

@@ -145,9 +145,8 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     else:
         evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED)
     held_out = {prompt_key(r) for r in evaluation}
-    if not cfg.data_path:  # also the held-out seed's own demo records: what the evaluation runner and the
-        # forgetting monitor of later stages check, at least HELD_OUT_DEMOS of them (a monitor's demo_size)
-        held_out |= {prompt_key(r) for r in demo_records(env, max(cfg.eval_size, HELD_OUT_DEMOS), HELD_OUT_SEED)}
+    if not cfg.data_path:
+        held_out |= checked_keys(env, cfg.eval_size)
     n_train = cfg.steps * cfg.prompts_per_step
     n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
     n_val = cfg.validation_size
@@ -216,6 +215,13 @@ def stage_env_configs(cfg: LocalStageConfig, url: str) -> dict[str, dict[str, An
     return {tag: bind_engine(config, url, cfg.served_name) for tag, config in configs.items()}
 
 
+def checked_keys(env: Environment, eval_size: int) -> set[str]:
+    """The prompts of the held-out seed's demo records, which the evaluation runner and the forgetting monitor
+    of later stages check (at least HELD_OUT_DEMOS of them, a monitor's largest ``demo_size``): no stage
+    trains on them, in its own records or replaying them."""
+    return {prompt_key(r) for r in demo_records(env, max(eval_size, HELD_OUT_DEMOS), HELD_OUT_SEED)}
+
+
 def replay_mixture(
     cfg: LocalStageConfig,
     own: list[dict[str, Any]],
@@ -239,8 +245,8 @@ def replay_mixture(
     earlier = {}
     for tag in tags:
         env = get_environment(tag, dict(env_configs.get(tag) or {}))
-        held_out = {prompt_key(r) for seed in {HELD_OUT_SEED, cfg.seed + HELD_OUT_SEED}
-                    for r in demo_records(env, max(cfg.eval_size, 1), seed)}  # fmt: skip
+        own_evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED) if cfg.eval_size else []
+        held_out = checked_keys(env, cfg.eval_size) | {prompt_key(r) for r in own_evaluation}
         records = demo_records(env, len(own), cfg.seed)
         earlier[tag] = [r for r in records if prompt_key(r) not in held_out] or _not_held_out(records, tag)
     return replay_records(values, own, earlier, cfg.seed, per_step or cfg.prompts_per_step)
