@@ -20,7 +20,6 @@ the stage started from; it is there only with ``kl_coef`` > 0 (``algorithm.use_k
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import uuid
@@ -35,7 +34,7 @@ import torch
 from aclarena_slime.group_rewards import GroupNormalization, normalized_rewards
 from aclarena_slime.local.config import KL_TYPES
 from aclarena_slime.local.generation import token_log_probs
-from aclarena_slime.local.sft import SftExample, approx_kl, sft_step
+from aclarena_slime.local.sft import SftExample, approx_kl, frozen_copy, sft_step
 from aclarena_slime.lora.config import LoraConfig
 
 
@@ -163,11 +162,7 @@ class PolicyTrainer:
         # The policy the stage starts from, frozen: the KL term's reference, and what ``kl_to_start`` measures
         # the policy against every step; a given one is shared (experts on one backbone:
         # :mod:`aclarena_slime.local.parallel_mle`).
-        self.reference = reference
-        if self.reference is None:
-            self.reference = copy.deepcopy(self.model).eval()
-            for p in self.reference.parameters():
-                p.requires_grad_(False)
+        self.reference = frozen_copy(self.model) if reference is None else reference
 
     @classmethod
     def build(
