@@ -1,6 +1,6 @@
 """The arena over seeds: every method's forgetting matrix and the comparison table, mean ± spread.
 
-    .venv/bin/python benchmarks/bench_arena.py [--seeds 3] [--jobs 2] [--out DIR] [--set data.retail=PATH/tau3-retail]
+    .venv/bin/python benchmarks/bench_arena.py [--seeds 3] [--jobs 3] [--out DIR] [--set data.retail=PATH/tau3-retail]
         [--methods sequential mle oracles] [--arena recipes/curriculum/arena_local.yaml]
 
 Runs the arena file (docs/arena.md) once per seed (0..N-1; a seed already run in --out is resumed, not
@@ -63,11 +63,20 @@ def cell(values: list[float | None], integer: bool = False) -> str:
     return f"{mean:,.0f}" if integer else f"{mean:.1f} ± {sd:.1f}"
 
 
-def run_seed(arena: Path, overrides: list[str], methods: list[str] | None) -> tuple[dict[str, Any], float, float]:
-    """One seed's arena (in a worker process): its index, wall and CPU seconds."""
+def peak_rss_gb() -> float:
+    """The largest resident memory of this process and the children it waited for (Linux: ru_maxrss in KiB)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return max(own.ru_maxrss, children.ru_maxrss) / 2**20
+
+
+def run_seed(
+    arena: Path, overrides: list[str], methods: list[str] | None
+) -> tuple[dict[str, Any], float, float, float]:
+    """One seed's arena (in a worker process): its index, wall and CPU seconds, and the worker's peak memory (GB;
+    a worker that ran an earlier seed counts that one's too)."""
     t0, c0 = time.perf_counter(), cpu_seconds()
     index = run_arena(arena, overrides, methods)
-    return index, time.perf_counter() - t0, cpu_seconds() - c0
+    return index, time.perf_counter() - t0, cpu_seconds() - c0, peak_rss_gb()
 
 
 def seed_rows(index: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -125,7 +134,9 @@ def main() -> None:
     parser.add_argument("--arena", type=Path, default=ROOT / "recipes" / "curriculum" / "arena_local.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override of the arena file")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: the arena file's)")
-    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once (each stage uses torch_threads)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds run at once, each in its own process on torch_threads (1): --jobs = --seeds "
+                             "keeps every core busy to the end")  # fmt: skip
     args = parser.parse_args()
     out = args.out.resolve()
     seeds = list(range(args.seeds))
@@ -138,10 +149,11 @@ def main() -> None:
         futures = {seed: pool.submit(run_seed, args.arena, [f"output_dir={out}", f"seed={seed}", *args.set],
                                      args.methods) for seed in seeds}  # fmt: skip
         for seed, future in futures.items():
-            index, seed_wall, seed_cpu = future.result()
+            index, seed_wall, seed_cpu, seed_rss = future.result()
             rows = seed_rows(index, out / f"seed_{seed}" / "comparison")
-            per_seed[seed] = {"rows": rows, "wall_s": seed_wall, "cpu_s": seed_cpu, "index": index}
-            print(f"[bench] seed {seed}: {seed_wall:.0f} s wall, {seed_cpu:.0f} s CPU, "
+            per_seed[seed] = {"rows": rows, "wall_s": seed_wall, "cpu_s": seed_cpu, "peak_rss_gb": seed_rss,
+                              "index": index}  # fmt: skip
+            print(f"[bench] seed {seed}: {seed_wall:.0f} s wall, {seed_cpu:.0f} s CPU, peak {seed_rss:.1f} GB, "
                   f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)  # fmt: skip
     wall, cpu, load_after = time.perf_counter() - started_wall, cpu_seconds() - started_cpu, os.getloadavg()
     methods = list(per_seed[seeds[0]]["rows"])
@@ -191,8 +203,10 @@ def main() -> None:
         profile.add_row(method, f"{len(stages) / len(seeds):.0f}", *(f"{times[method][p]:.0f}" for p in PHASES),
                         f"{worst[0]} ({sum(worst[1].values()):.0f} s)" if worst else "–")  # fmt: skip
     console.print(profile)
-    console.print(f"{len(seeds)} seed(s): {wall / 60:.1f} min wall, {cpu / 60:.1f} min CPU; load average "
-                  f"{load_before[0]:.1f} before, {load_after[0]:.1f} after ({os.cpu_count()} cores)")  # fmt: skip
+    peak = max(v["peak_rss_gb"] for v in per_seed.values())
+    console.print(f"{len(seeds)} seed(s): {wall / 60:.1f} min wall, {cpu / 60:.1f} min CPU, peak memory of a seed "
+                  f"{peak:.1f} GB; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
+                  f"({os.cpu_count()} cores)")  # fmt: skip
     figures = [m for m in ("sequential", "mle") if m in methods]
     for method in figures:
         matrix = mean_matrix(out, seeds, method)
@@ -212,6 +226,7 @@ def main() -> None:
             s: {
                 "wall_s": v["wall_s"],
                 "cpu_s": v["cpu_s"],
+                "peak_rss_gb": v["peak_rss_gb"],
                 "methods": {m: {**r.values, "domains": r.domains} for m, r in v["rows"].items()},
             }
             for s, v in per_seed.items()

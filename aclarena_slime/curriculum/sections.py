@@ -58,7 +58,8 @@ def anchor_overrides(settings: KlAnchorSettings, source: dict[str, Any] | None) 
 def attach_replay(recipe: Any, settings: ReplaySettings, earlier: Sequence[Any]) -> Any:
     """Make ``recipe`` (stage k) replay the domains of the ``earlier`` stage recipes; returns it."""
     own = recipe.data.env
-    previous = {r.data.env: r for r in earlier if r.data.env != own}  # the latest stage of each domain
+    # the latest stage of each earlier domain the section replays
+    previous = {r.data.env: r for r in earlier if r.data.env != own and r.data.env not in settings.exclude}
     if not settings.enabled or not previous:
         return recipe
     if recipe.plugins.data_source_path not in (None, DATA_SOURCE):

@@ -48,6 +48,8 @@ class ReplaySettings:
     enabled: bool = False
     share: float = 0.25  # of every batch, for the earlier domains together
     rule: str = "uniform"  # uniform | size: how ``share`` splits over the earlier domains
+    # earlier domains (env tags) not replayed: the arena's retail, which cannot learn on a CPU (docs/arena.md)
+    exclude: list[str] = field(default_factory=list)
     data: dict[str, str] = field(default_factory=dict)  # env tag -> prompt file (filled by the curriculum)
     current: str | None = None  # the stage's own domain (filled by the curriculum; else the first record's)
     # env tag -> how its own stage warm-started (the local backend's gold demos: ``demos``, the demo-turns
@@ -60,6 +62,8 @@ class ReplaySettings:
             raise ValueError(f"replay.share must be between 0 and 1 (exclusive), got {self.share!r}")
         if self.rule not in REPLAY_RULES:
             raise ValueError(f"replay.rule must be one of {', '.join(REPLAY_RULES)}, got {self.rule!r}")
+        if isinstance(self.exclude, str) or not all(isinstance(t, str) and t for t in self.exclude):
+            raise ValueError(f"replay.exclude must be a list of env tags, got {self.exclude!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from aclarena_slime.curriculum.arena import (
 )
 from aclarena_slime.curriculum.config import load_curriculum
 from aclarena_slime.curriculum.methods import WARM_START_INTO_EXPERT, MethodError
+from aclarena_slime.plugin.contract import Task
+from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.recipes.compose import RecipeError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,6 +140,27 @@ def test_bad_methods_and_stages_are_named(tmp_path):
         domain_configs(load_arena(path))
     with pytest.raises(RecipeError, match="no method"):
         run_arena(path, only=["nope"])
+
+
+@pytest.mark.filterwarnings("ignore:cluster.local. no warm_start_demos for env 'retail'")
+def test_the_shipped_arena_file_composes_every_stage_and_method(tmp_path):
+    """``recipes/curriculum/arena_local.yaml`` as a user runs it: every stage composes on the local backend,
+    every method makes a curriculum the runner reads, replay leaves retail out, and math asks the bare problem."""
+    config = load_arena(RECIPES / "curriculum" / "arena_local.yaml", [f"output_dir={tmp_path / 'out'}"])
+    configs = domain_configs(config)
+    assert [c.env for c in configs] == ["math", "search", "retail", "ifeval"]
+    assert [c.warm_start_steps for c in configs] == [400, 200, 0, 200]  # retail has no gold demos
+    for name in config.methods:
+        written = tmp_path / f"{name}.yaml"
+        written.write_text(yaml.safe_dump(method_curriculum(config, name, tmp_path / "base")[0]))
+        assert [s.name for s in load_curriculum(written).stages] == ["math", "search", "retail", "ifeval"]
+    assert load_curriculum(tmp_path / "replay.yaml").replay.exclude == ["retail"]
+    math = get_environment("math", configs[0].env_config)
+    record = math.demo_records(1, seed=0)[0]
+    try:
+        assert math.conversation(Task(record["prompt"])).messages[-1]["content"] == record["prompt"]
+    finally:
+        asyncio.run(math.aclose())
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import pytest
 from aclarena_slime.curriculum.manifest import MANIFEST_NAME
 from aclarena_slime.curriculum.runner import run_curriculum
 from aclarena_slime.curriculum.sections import DATA_SOURCE
+from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.local.records import replay_mixture, stage_env_configs
 from aclarena_slime.local.spec import local_config
@@ -57,6 +58,20 @@ def test_replay_compiles_for_the_cluster_profiles(tmp_path: Path, cluster: str):
     assert command.custom_config["aclarena_replay"] == replay.to_dict()
     assert set(command.custom_config["aclarena_env_config"]) == {"math", "search", "retail"}
     assert third.cluster.name == cluster
+
+
+def test_replay_leaves_out_the_domains_it_excludes(tmp_path: Path):
+    """``replay.exclude`` (the arena's retail, which cannot learn on a CPU): the later stages neither replay the
+    domain's prompts nor its warm-start demos, nor run its env; the other earlier domains are replayed as before."""
+    runner = _run_fake("replay", tmp_path, "paper_2x8", "replay.exclude=[retail]")
+    fourth = runner.recipes[3].custom.aclarena_replay
+    assert set(fourth.data) == {"math", "search"} and fourth.exclude == ["retail"]
+    assert "retail" not in runner.recipes[3].env_config and "user_sim" not in runner.recipes[3].services
+    assert compile_recipe(runner.recipes[3]).custom_config["aclarena_replay"]["exclude"] == ["retail"]
+    with pytest.raises(ValueError, match="replay.yaml: Invalid value"):  # a tag, not a list: named at load
+        _run_fake("replay", tmp_path / "bad", "paper_2x8", "replay.exclude=retail")
+    with pytest.raises(ValueError, match="replay.exclude must be a list of env tags"):  # slime's side reads JSON
+        ReplaySettings(exclude="retail")
 
 
 @pytest.mark.slow
