@@ -207,7 +207,7 @@ def main() -> None:
     console.print(f"{len(seeds)} seed(s): {wall / 60:.1f} min wall, {cpu / 60:.1f} min CPU, peak memory of a seed "
                   f"{peak:.1f} GB; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
                   f"({os.cpu_count()} cores)")  # fmt: skip
-    figures = [m for m in ("sequential", "mle") if m in methods]
+    figures = [m for m in ("sequential", "replay", "mle") if m in methods]
     for method in figures:
         matrix = mean_matrix(out, seeds, method)
         if matrix is not None:
