@@ -9,7 +9,7 @@ seed), then prints the table over seeds (mean ± sample standard deviation), the
 the issue's two checks (sequential forgets: BWT <= -5 points or a maximum forgetting >= 10 points; MLE
 within 3 points of its oracle on every domain), where each method's time went (the stages' own timings: warm
 start, GRPO steps, the rest of the stage, the evaluation after it), the wall and CPU time with the machine's load, and writes
-``bench_arena.json`` and ``arena_heatmap.png`` (the mean matrices of sequential and MLE) into --out.
+``bench_arena.json`` and ``arena_heatmap_<method>.png`` (the mean matrices of sequential, replay and MLE) into --out.
 Accuracies are percent (points), as the matrix holds them. The tiny model's figures show the study's shape,
 not the paper's numbers. It replaces bench_comparison.py; that one's monitor-overhead table is not kept
 (the arena runs without the monitor, whose cost its own tests and docs/evaluation.md describe).
