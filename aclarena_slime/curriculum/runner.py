@@ -150,6 +150,7 @@ def run_curriculum(
 def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evaluator: Evaluator | None) -> Manifest:
     out = Path(config.output_dir)
     evaluator = evaluator or command_evaluator(list(config.evaluation.command))
+    _check_replay_exclude(config, file)
     manifest = Manifest.open(out, config.name)
     previous: str | None = None
     for entry in config.stages:
@@ -216,6 +217,17 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
             reuse.record(config.reuse, key, config.name, done, out)
         previous = entry.name
     return manifest
+
+
+def _check_replay_exclude(config: CurriculumConfig, file: Path) -> None:
+    """A ``replay.exclude`` tag that no stage trains (a typo) would leave that domain replayed: refuse it before
+    anything trains."""
+    if not (config.replay.enabled and config.replay.exclude):
+        return
+    envs = list(dict.fromkeys(stage_recipe(config, file, e, None).data.env for e in config.stages))
+    unknown = [tag for tag in config.replay.exclude if tag not in envs]
+    if unknown:
+        raise CurriculumFailed(f"replay.exclude names {unknown}, which no stage trains; the stages train {', '.join(envs)}")
 
 
 def _set_expert(

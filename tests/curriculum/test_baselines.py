@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from aclarena_slime.curriculum.manifest import MANIFEST_NAME
-from aclarena_slime.curriculum.runner import run_curriculum
+from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum
 from aclarena_slime.curriculum.sections import DATA_SOURCE
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.launcher.stage import StageResult
@@ -72,6 +72,16 @@ def test_replay_leaves_out_the_domains_it_excludes(tmp_path: Path):
         _run_fake("replay", tmp_path / "bad", "paper_2x8", "replay.exclude=retail")
     with pytest.raises(ValueError, match="replay.exclude must be a list of env tags"):  # slime's side reads JSON
         ReplaySettings(exclude="retail")
+
+
+def test_a_replay_exclude_that_names_no_stage_stops_the_curriculum_before_it_trains(tmp_path: Path):
+    """A misspelt tag (``retial``) would leave retail replayed: the curriculum says so before its first stage."""
+    runner = FakeRunner()
+    overrides = [f"output_dir={tmp_path / 'out'}", f"overrides=[paths.root={tmp_path},backend=slime]"]
+    with pytest.raises(CurriculumFailed, match=r"replay.exclude names \['retial'\].*math, search, retail, ifeval"):
+        run_curriculum(CURRICULA / "replay.yaml", [*overrides, "replay.exclude=[retial]"], runner=runner,
+                       evaluator=lambda *_: None)  # fmt: skip
+    assert runner.recipes == []
 
 
 @pytest.mark.slow
