@@ -227,7 +227,9 @@ def _check_replay_exclude(config: CurriculumConfig, file: Path) -> None:
     envs = list(dict.fromkeys(stage_recipe(config, file, e, None).data.env for e in config.stages))
     unknown = [tag for tag in config.replay.exclude if tag not in envs]
     if unknown:
-        raise CurriculumFailed(f"replay.exclude names {unknown}, which no stage trains; the stages train {', '.join(envs)}")
+        raise CurriculumFailed(
+            f"replay.exclude names {unknown}, which no stage trains; the stages train {', '.join(envs)}"
+        )
 
 
 def _set_expert(
