@@ -9,7 +9,8 @@ reuses it), evaluates it (the base row, for FWT), then writes each method's curr
 files say exactly what each method ran. The methods of a seed share one reuse folder (``stages/``,
 :mod:`.reuse`): a stage two methods have in common (the math oracle and the chains' first stage) runs once. After each
 stage the policy (its model folder, with the MLE experts so far) is served on the local engine and every
-domain's held-out demo prompts are rolled out greedily (:func:`policy_evaluator`). ``arena.json`` lists the
+domain's held-out demo prompts are rolled out greedily (:func:`policy_evaluator`; a domain asked of weights
+already evaluated, MLE's frozen backbone or an unchanged expert, is taken from ``eval_memo/``). ``arena.json`` lists the
 manifests; ``aclarena eval matrix --run METHOD=MANIFEST ... --base BASE_SUMMARY`` compares them.
 """
 
@@ -35,6 +36,7 @@ from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 ARENA_FILE = "arena.json"
 REUSE = "stages"  # in the seed's folder: the finished stages every method of the seed may reuse
+EVAL_MEMO = "eval_memo"  # in the seed's folder: evaluated datasets by the weights that answered them
 
 
 @dataclass
@@ -131,15 +133,17 @@ def held_out_suite(configs: list[LocalStageConfig]) -> EvalSuite:
     return EvalSuite("arena", datasets)
 
 
-def policy_evaluator(suite: EvalSuite, seed: int) -> Evaluator:
+def policy_evaluator(suite: EvalSuite, seed: int, memo: Path | None = None) -> Evaluator:
     """Evaluate a finished stage's policy on ``suite``: its model folder (full fine-tuning: the policy itself),
-    with the curriculum's experts so far loaded and routed by tag (a domain without one runs on the model)."""
+    with the curriculum's experts so far loaded and routed by tag (a domain without one runs on the model).
+    ``memo``: a folder of results by weights (:mod:`aclarena_slime.evaluation.memo`), so a domain asked of
+    unchanged weights (MLE's frozen backbone, an earlier expert) is not rolled out again."""
 
     def evaluate(stage: str, entry: dict[str, Any], out: Path) -> Path:
         model = entry.get("checkpoint") or (entry.get("metrics") or {}).get("model_dir")
         if not model:
             raise ValueError(f"stage {stage} left no model folder to evaluate")
-        return asyncio.run(evaluate_policy(suite, Path(model), entry.get("experts") or None, out, stage, seed))
+        return asyncio.run(evaluate_policy(suite, Path(model), entry.get("experts") or None, out, stage, seed, memo))
 
     return evaluate
 
@@ -176,7 +180,7 @@ def run_arena(
     suite = held_out_suite(configs)
     base_eval = out / "base" / "eval"
     if not (base_eval / "summary.json").is_file():
-        asyncio.run(evaluate_policy(suite, base, None, base_eval, "base", config.seed))
+        asyncio.run(evaluate_policy(suite, base, None, base_eval, "base", config.seed, out / EVAL_MEMO))
     index_path = out / ARENA_FILE
     index: dict[str, Any] = {"name": config.name, "seed": config.seed, "base_model": str(base),
                              "base_eval": str(base_eval / "summary.json"), "methods": {}}  # fmt: skip
@@ -188,7 +192,7 @@ def run_arena(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(curriculum, sort_keys=False))
         print(f"[arena] seed {config.seed}: method {name} ({path})", file=sys.stderr)
-        manifest = run_curriculum(path, evaluator=policy_evaluator(suite, config.seed))
+        manifest = run_curriculum(path, evaluator=policy_evaluator(suite, config.seed, out / EVAL_MEMO))
         index["methods"][name] = {"manifest": str(manifest.path), "independent": independent,
                                   "method": config.methods[name].method}  # fmt: skip
         write_json_atomic(index_path, index)

@@ -117,17 +117,33 @@ async def _examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[list[SftExa
     return examples, report.as_dict()
 
 
-async def evaluate_policy(suite: EvalSuite, model: Path, experts: str | None, out: Path, stage: str, seed: int) -> Path:
-    """Serve ``model`` (and the experts of the ``experts`` manifest) on the local engine; run ``suite``."""
-    from aclarena_slime.evaluation.runner import RunSettings, load_experts, run_suite
+async def evaluate_policy(
+    suite: EvalSuite, model: Path, experts: str | None, out: Path, stage: str, seed: int, memo: Path | None = None
+) -> Path:
+    """Serve ``model`` (and the experts of the ``experts`` manifest) on the local engine; run ``suite``.
+
+    With ``memo`` (a folder), a dataset whose weights, settings and seed were evaluated before is copied from it
+    instead of rolled out (:mod:`aclarena_slime.evaluation.memo`); ``memo.json`` in ``out`` lists which were."""
+    from aclarena_slime.evaluation.memo import EvalMemo, folder_digest
+    from aclarena_slime.evaluation.runner import SAMPLES_DIR, RunSettings, load_experts, run_suite
     from aclarena_slime.experts import ExpertTable
     from aclarena_slime.local.engine import LocalEngine
     from aclarena_slime.local.generation import MultiLoraModel
     from aclarena_slime.local.records import bind_engine
     from aclarena_slime.sglang_client import SGLangClient, new_session
 
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model, seed=seed), served_name=SERVED)
     table = ExpertTable.load(experts) if experts else None
+    keys: dict[str, str] = {}
+    reused: list[str] = []
+    if memo is not None:
+        kept, weights = EvalMemo(memo), folder_digest(model)
+        for d in suite.datasets:
+            expert = table.experts.get(d.env) if table is not None else None
+            routed = [folder_digest(expert.path)] if expert is not None and expert.path is not None else []
+            keys[d.name] = kept.key(d, [weights, *routed], seed)
+            if kept.restore(keys[d.name], out / SAMPLES_DIR / f"{d.name}.jsonl"):
+                reused.append(d.name)
+    engine = LocalEngine(MultiLoraModel.from_pretrained(model, seed=seed), served_name=SERVED)
     async with engine.serve() as url, new_session() as session:
         client = SGLangClient(url, session=session)
         if table is not None:
@@ -136,5 +152,10 @@ async def evaluate_policy(suite: EvalSuite, model: Path, experts: str | None, ou
                                             for d in suite.datasets))  # fmt: skip
         settings = RunSettings(out_dir=out, stage=stage, concurrency=64, resume=True, save_tokens=False,
                                base_for_missing_expert=True)  # fmt: skip
-        await run_suite(bound, client, engine.model.tokenizer, settings, table)
+        summary = await run_suite(bound, client, engine.model.tokenizer, settings, table)
+    if memo is not None:
+        for name, key in keys.items():
+            if name not in reused:
+                EvalMemo(memo).keep(key, out / SAMPLES_DIR / f"{name}.jsonl", summary["datasets"][name])
+        write_json_atomic(out / "memo.json", {"memo": str(memo), "keys": keys, "reused": reused})
     return out / "summary.json"

@@ -133,12 +133,39 @@ def masked_kl(
     model: Any, reference: Any, batch: Sequence[SftExample], pad_id: int, kl_loss_type: str
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed NLL of ``batch``'s mask-1 tokens under ``model``, the summed KL estimate of ``model`` to
-    ``reference`` on them (the GRPO phase's estimator; the log-prob of a token is minus its NLL), and their count."""
+    ``reference`` on them (the GRPO phase's estimator; the log-prob of a token is minus its NLL), and their count.
+    ``reference``: the reference model, or its NLLs computed once (:class:`ReferenceNll`)."""
     nll, target_mask = token_nll(model, batch, pad_id)
-    with torch.no_grad():
-        ref_nll, _ = token_nll(reference, batch, pad_id)
+    if isinstance(reference, ReferenceNll):
+        ref_nll = reference.padded(batch, nll.detach())
+    else:
+        with torch.no_grad():
+            ref_nll, _ = token_nll(reference, batch, pad_id)
     kl = approx_kl(-nll, -ref_nll, kl_loss_type)
     return (nll * target_mask).sum(), (kl * target_mask).sum(), int(target_mask.sum())
+
+
+class ReferenceNll:
+    """The frozen reference's per-token NLL of each example, computed once before SFT: the reference does not
+    change while SFT runs, so its forward pass need not be repeated for every batch that draws an example
+    (with the arena's 200 steps of 16 over 512 examples, six times each)."""
+
+    def __init__(self, reference: Any, examples: Sequence[SftExample], pad_id: int, micro_batch_size: int = 16):
+        self.table: dict[tuple[int, ...], torch.Tensor] = {}
+        distinct = list({tuple(e.tokens): e for e in examples}.values())
+        with torch.no_grad():
+            for start in range(0, len(distinct), micro_batch_size):
+                micro = distinct[start : start + micro_batch_size]
+                nll, _ = token_nll(reference, micro, pad_id)
+                for i, e in enumerate(micro):
+                    self.table[tuple(e.tokens)] = nll[i, : len(e.tokens) - 1].clone()
+
+    def padded(self, batch: Sequence[SftExample], fill: torch.Tensor) -> torch.Tensor:
+        """The batch's reference NLLs in ``fill``'s shape; padding keeps ``fill`` (log ratio 0, no KL there)."""
+        out = fill.clone()
+        for i, e in enumerate(batch):
+            out[i, : len(e.tokens) - 1] = self.table[tuple(e.tokens)]
+        return out
 
 
 def mean_kl(
@@ -239,6 +266,8 @@ def train_sft(
     order: list[SftExample] = []
     losses: list[float] = []
     kls: list[float] = []
+    if settings.kl_coef:
+        reference = ReferenceNll(reference, examples, pad_id, settings.micro_batch_size)
     kl = {"reference": reference, "kl_coef": settings.kl_coef, "kl_loss_type": settings.kl_loss_type}
     for _ in range(settings.steps):
         if len(order) < settings.batch_size:  # a fresh seeded epoch order when the current one runs out

@@ -20,6 +20,8 @@ from aclarena_slime.curriculum.arena import (
 )
 from aclarena_slime.curriculum.config import load_curriculum
 from aclarena_slime.curriculum.methods import WARM_START_INTO_EXPERT, MethodError
+from aclarena_slime.experts import EXPERTS_NAME
+from aclarena_slime.launcher.arena_base import evaluate_policy
 from aclarena_slime.plugin.contract import Task
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.recipes.compose import RecipeError
@@ -193,3 +195,29 @@ def test_a_short_arena_gives_every_method_a_matrix_and_a_row(tmp_path, plugin, c
     # run again: the base and every stage are done; nothing is trained twice
     again = run_arena(arena_file(tmp_path, methods))
     assert again["methods"] == index["methods"]
+
+
+@pytest.mark.slow
+def test_mle_asks_unchanged_weights_once_and_the_memo_equals_a_fresh_evaluation(tmp_path):
+    """MLE's later stages leave the frozen backbone and the earlier experts as they were: the arena's evaluation
+    takes those domains from its memo (the base row's IFEval after the math stage, the math expert's answers
+    after the IFEval stage) and rolls out only the new expert's domain; evaluated afresh, they are the same."""
+    methods = {"mle": {"method": "aclarena_slime.curriculum.methods.mle"}}
+    index = run_arena(arena_file(tmp_path, methods))
+    stages = json.loads(Path(index["methods"]["mle"]["manifest"]).read_text())["stages"]
+    seed_dir = Path(index["base_model"]).parents[1]
+    memo = {s["name"]: json.loads((seed_dir / "mle" / "eval" / s["name"] / "memo.json").read_text()) for s in stages}
+    assert memo["math"]["reused"] == ["ifeval"] and memo["ifeval"]["reused"] == ["math"]
+    last, fresh = stages[-1], tmp_path / "fresh"
+    model = last.get("checkpoint") or last["metrics"]["model_dir"]
+    experts = Path(index["methods"]["mle"]["manifest"]).with_name(EXPERTS_NAME)
+    suite = held_out_suite(domain_configs(load_arena(arena_file(tmp_path, methods))))
+    asyncio.run(evaluate_policy(suite, Path(model), str(experts), fresh, "ifeval", 0))  # no memo
+
+    def answers(folder: Path) -> list:
+        lines = [json.loads(line) for line in (folder / "samples" / "math.jsonl").read_text().splitlines()]
+        return sorted((line["index"], line["reward"], line["messages"]) for line in lines)
+
+    assert answers(fresh) == answers(seed_dir / "mle" / "eval" / "ifeval")
+    summary = json.loads((seed_dir / "mle" / "eval" / "ifeval" / "summary.json").read_text())
+    assert summary["domains"] == json.loads((fresh / "summary.json").read_text())["domains"]

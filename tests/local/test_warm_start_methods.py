@@ -15,7 +15,15 @@ from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.demos import demo_examples
 from aclarena_slime.local.records import demo_records, prompt_key, replay_mixture
-from aclarena_slime.local.sft import SftError, SftSettings, frozen_copy, mean_kl, train_sft
+from aclarena_slime.local.sft import (
+    ReferenceNll,
+    SftError,
+    SftSettings,
+    frozen_copy,
+    masked_kl,
+    mean_kl,
+    train_sft,
+)
 from aclarena_slime.local.stage import cached_warm_start, run_stage
 from aclarena_slime.rollout import Budgets
 
@@ -47,6 +55,39 @@ def _trained(tiny_model_dir, examples, settings, with_reference=True):
     start = frozen_copy(model)
     report = train_sft(model, examples, settings, pad_id=0, seed=0, reference=start if with_reference else None)
     return model, start, report
+
+
+class _Counted(torch.nn.Module):
+    """A reference that counts the sequences it is asked about."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.sequences = model, 0
+
+    def forward(self, **inputs):
+        self.sequences += len(inputs["input_ids"])
+        return self.model(**inputs)
+
+
+def test_the_anchor_asks_its_frozen_reference_once_per_example_with_the_same_kl(tiny_model_dir, math_examples):
+    """The reference does not change while SFT runs: its NLLs are computed once per distinct example, not on
+    every batch (16 steps of 8 over 16 examples drew each 8 times), and the KL is the one a forward per batch gives."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reference = _Counted(frozen_copy(model))
+    report = train_sft(model, math_examples, SftSettings(steps=16, batch_size=8, lr=3e-3, kl_coef=1.0), 0, 0,
+                       reference)  # fmt: skip
+    distinct = len({tuple(e.tokens) for e in math_examples})
+    assert reference.sequences == distinct  # before: 16 x 8 for the steps and 16 more for kl_after
+    kl = report["kl_after"]
+    assert kl > 0 and kl == pytest.approx(mean_kl(model, reference.model, math_examples, pad_id=0), rel=1e-5)
+    batch = math_examples[:8]
+    direct = masked_kl(model, reference.model, batch, 0, "k3")[1]
+    assert float(masked_kl(model, ReferenceNll(reference.model, math_examples, 0, 4), batch, 0, "k3")[1]) == (
+        pytest.approx(float(direct), rel=1e-5)
+    )
 
 
 def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_model_dir, math_examples):
