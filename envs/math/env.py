@@ -47,7 +47,8 @@ class MathConfig:
     ``\\%``). ``timeout_s``: the hard limit on one math-verify check;
     ``workers``: verifier processes. Caps on what a policy can make the env do: only the last
     ``window_chars`` of a response are searched for the answer, and an answer longer than
-    ``max_answer_chars`` scores 0 unchecked.
+    ``max_answer_chars`` scores 0 unchecked. ``demo_max_operand``: the generated demo problems' operands run
+    from 0 to it (21 × 21 × 3 = 1,323 distinct problems at 20; a wider range leaves RL more it has not seen).
     """
 
     prompt: Literal["instruction", "dapo"] = "instruction"
@@ -59,6 +60,7 @@ class MathConfig:
     workers: int = 2
     window_chars: int = 100_000
     max_answer_chars: int = 1_000
+    demo_max_operand: int = 20
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -71,6 +73,9 @@ class MathConfig:
                 raise ValueError(f"math env: {name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if self.window_chars < 1 or self.max_answer_chars < 1:
             raise ValueError("math env: window_chars and max_answer_chars must be positive")
+        top = self.demo_max_operand
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise ValueError(f"math env: demo_max_operand must be a positive integer, got {top!r}")
 
 
 def gold_answer(label: Any) -> str:
@@ -152,7 +157,8 @@ class MathEnvironment(Environment):
         rng = random.Random(seed)
         records = []
         for i in range(n):
-            a, b = rng.randint(0, 20), rng.randint(0, 20)
+            top = self.settings.demo_max_operand
+            a, b = rng.randint(0, top), rng.randint(0, top)
             op = rng.choice("+-*")
             answer = a + b if op == "+" else a - b if op == "-" else a * b
             records.append(

@@ -133,6 +133,19 @@ async def test_demo_records_are_scoreable():
     assert int(records[0]["label"]) == eval(f"{a}{op}{b}")  # noqa: S307 - our own generated arithmetic
 
 
+def test_demo_max_operand_widens_the_generated_problems_and_is_checked():
+    """The default keeps the generator's problems as they were (operands 0-20); a wider range gives RL problems
+    a warm start has not seen."""
+    operands = lambda records: {int(x) for r in records for x in r["prompt"][8:-1].split()[::2]}  # noqa: E731
+    default, wide = MathEnvironment({}).demo_records(2000, seed=3), MathEnvironment({"demo_max_operand": 50})
+    assert max(operands(default)) == 20 and default[:5] == MathEnvironment({"demo_max_operand": 20}).demo_records(5, 3)
+    assert max(operands(wide.demo_records(2000, seed=3))) == 50
+    assert len({r["prompt"] for r in default}) <= 21 * 21 * 3 < len({r["prompt"] for r in wide.demo_records(2000, 3)})
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="demo_max_operand"):
+            MathEnvironment({"demo_max_operand": bad})
+
+
 def test_prepare_dapo_parquet_and_aime_jsonl(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
