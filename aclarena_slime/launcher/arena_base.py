@@ -135,8 +135,9 @@ async def evaluate_policy(
     table = ExpertTable.load(experts) if experts else None
     keys: dict[str, str] = {}
     reused: list[str] = []
-    if memo is not None:
-        kept, weights = EvalMemo(memo), folder_digest(model)
+    kept = EvalMemo(memo) if memo is not None else None
+    if kept is not None:
+        weights = folder_digest(model)
         for d in suite.datasets:
             expert = table.experts.get(d.env) if table is not None else None
             routed = [folder_digest(expert.path)] if expert is not None and expert.path is not None else []
@@ -153,9 +154,9 @@ async def evaluate_policy(
         settings = RunSettings(out_dir=out, stage=stage, concurrency=64, resume=True, save_tokens=False,
                                base_for_missing_expert=True)  # fmt: skip
         summary = await run_suite(bound, client, engine.model.tokenizer, settings, table)
-    if memo is not None:
+    if kept is not None:
         for name, key in keys.items():
             if name not in reused:
-                EvalMemo(memo).keep(key, out / SAMPLES_DIR / f"{name}.jsonl", summary["datasets"][name])
+                kept.keep(key, out / SAMPLES_DIR / f"{name}.jsonl", summary["datasets"][name])
         write_json_atomic(out / "memo.json", {"memo": str(memo), "keys": keys, "reused": reused})
     return out / "summary.json"

@@ -155,9 +155,8 @@ class MathEnvironment(Environment):
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Two-operand arithmetic with integer answers: learnable by a tiny model, scored like AIME."""
         rng = random.Random(seed)
-        records = []
+        records, top = [], self.settings.demo_max_operand
         for i in range(n):
-            top = self.settings.demo_max_operand
             a, b = rng.randint(0, top), rng.randint(0, top)
             op = rng.choice("+-*")
             answer = a + b if op == "+" else a - b if op == "-" else a * b
