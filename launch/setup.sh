@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (or refresh) the project's virtualenv in .venv: torch 2.13.0 and the package with its dev extra.
+# Set up (or refresh) the project's virtualenv in .venv: torch 2.13.0, transformers 5.24.0 and the package with its
+# dev extra.
 #   bash launch/setup.sh            # idempotent; reinstalls only when pyproject.toml, setup.py or this script changed
 # On a CPU-only machine that installs torch from PyPI, add PyTorch's CPU index for the CPU build:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash launch/setup.sh
@@ -39,6 +40,8 @@ fi
 # build; elsewhere pip takes PyPI's build, which on Linux is the multi-GB CUDA one unless the CPU
 # index is given (see the top of this file; not hard-coded: a machine that cannot reach it would hang).
 "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
-"$venv/bin/python" -m pip install --quiet -e ".[dev]"
+# transformers pinned too: it builds the tiny model, and the benchmarks' figures (docs/benchmarks.md) were
+# measured with this release; the package itself accepts any from 4.51 (pyproject.toml, slime's image).
+"$venv/bin/python" -m pip install --quiet -e ".[dev]" "transformers==5.24.0"
 echo "$want" > "$stamp"
 echo "[setup] ready: $venv ($("$venv/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))" >&2
