@@ -8,10 +8,11 @@ Each env's stage recipe runs as ``bash launch/stage.sh RECIPE`` runs it on the l
 ``cluster=local`` profile: the SFT warm start on gold demo trajectories, then GRPO), once per seed
 (``cluster.local.seed``, 0 .. N-1), one after the other in this process (``--jobs N``: N at a time, each
 in its own process). Per env the table shows the
-greedy mean reward on the held-out demo prompts (never trained on) of the base model, of the warm-started
+mean reward on the held-out demo prompts (never trained on; evaluated as the profile says: ``k`` samples per
+prompt at the rollout temperature, the authors' evaluation) of the base model, of the warm-started
 backbone and of the GRPO-trained policy, and GRPO's gain over the warm start, each as the mean ± the
-spread (half the range) over the seeds, then the mean sampled rollout reward of the first and the last
-two GRPO steps, GRPO's gain on the validation prompts (``cluster.local.validation_size``, carved out of
+spread (half the range) over the seeds; GRPO's gain on the greedy reward of the same prompts; the mean
+sampled rollout reward of the first and the last two GRPO steps, GRPO's gain on the validation prompts (``cluster.local.validation_size``, carved out of
 the RL records: what the profile's settings were chosen on), and the CPU and wall seconds of one stage
 (mean; set-up — the tiny model, its tokenizer — included; a warm start reused from an earlier run in the same ``--out`` folder is not: ``warm_start_cached``
 in the JSON). On a shared machine wall time is inflated; CPU seconds are not. ``--retail-data DIR`` adds
@@ -61,18 +62,20 @@ def run_one(env: str, seed: int, out: Path, overrides: list[str]) -> dict[str, A
     metrics = run_stage(local_config(recipe))
     wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     rewards = [step["reward_mean"] for step in metrics["steps"]]
-    sampled = metrics.get("eval_sampled") or {}
+    greedy = metrics.get("eval_greedy") or {}
     return {
         "env": env,
         "seed": seed,
         "base": metrics["eval_before"]["mean_reward"],
         "warm_start": (metrics.get("eval_warm_start") or metrics["eval_before"])["mean_reward"],
         "trained": metrics["eval_after"]["mean_reward"],
-        "sampled_before": (sampled.get("before") or {}).get("mean_reward"),
-        "sampled_after": (sampled.get("after") or {}).get("mean_reward"),
-        "held_out_n": metrics["eval_after"]["n"],
-        # The greedy reward on the validation prompts (cluster.local.validation_size) after each evaluated step:
-        # what the profile's settings were chosen on.
+        # With a sampled evaluation (the profile's), the greedy reward of the same prompts beside it.
+        "greedy_before": (greedy.get("before") or {}).get("mean_reward"),
+        "greedy_after": (greedy.get("after") or {}).get("mean_reward"),
+        "held_out_n": metrics["eval_after"].get("prompts", metrics["eval_after"]["n"]),
+        "eval_samples": metrics["eval_after"].get("samples_per_prompt", 1),
+        # The reward on the validation prompts (cluster.local.validation_size), evaluated as the held-out ones,
+        # after each evaluated step: what the profile's settings were chosen on.
         "validation": [[v["step"], v["mean_reward"]] for v in metrics.get("eval_validation") or []],
         "rollout_reward_first": statistics.fmean(rewards[:2]) if rewards else None,
         "rollout_reward_last": statistics.fmean(rewards[-2:]) if rewards else None,
@@ -124,9 +127,9 @@ def main() -> None:
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
             runs = list(pool.map(run_one, *zip(*todo, strict=True)))
-    table = Table(title=f"local profile: held-out mean reward (greedy), {args.seeds} seed(s), mean ± half range")
-    columns = ("env", "n", "base", "warm start", "trained", "GRPO gain", "validation gain", "rollout reward", "CPU s",
-               "wall s")  # fmt: skip
+    table = Table(title=f"local profile: held-out mean reward, {args.seeds} seed(s), mean ± half range")
+    columns = ("env", "prompts x samples", "base", "warm start", "trained", "GRPO gain", "greedy gain",
+               "validation gain", "rollout reward", "CPU s", "wall s")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     for env in envs:
@@ -134,9 +137,10 @@ def main() -> None:
         gains = [r["trained"] - r["warm_start"] for r in mine if r["trained"] is not None]
         table.add_row(
             env,
-            str(mine[0]["held_out_n"]),
+            f"{mine[0]['held_out_n']} x {mine[0]['eval_samples']}",
             *(spread([r[key] for r in mine]) for key in ("base", "warm_start", "trained")),
             spread(gains),
+            spread([r["greedy_after"] - r["greedy_before"] for r in mine if r["greedy_after"] is not None]),
             spread([r["validation"][-1][1] - r["validation"][0][1] for r in mine if r["validation"]]),
             f"{spread([r['rollout_reward_first'] for r in mine])} -> {spread([r['rollout_reward_last'] for r in mine])}",
             f"{statistics.fmean(r['cpu_s'] for r in mine):.0f}",

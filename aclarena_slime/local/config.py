@@ -97,6 +97,7 @@ class LocalStageConfig(LocalBackendSettings):
     lora: LoraConfig = field(default_factory=default_lora)
     eval_temperature: float = 0.0  # 0: greedy evaluation
     eval_top_p: float = 1.0
+    eval_samples: int = 1  # samples per held-out (and validation) prompt; the reward is their mean (avg@n)
     eval_max_response_len: int | None = None  # None: max_response_len
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
@@ -106,11 +107,6 @@ class LocalStageConfig(LocalBackendSettings):
     # The replay baseline (aclarena_slime.local.records.replay_mixture): ReplaySettings fields plus ``domains`` and their
     # ``env_config``; the curriculum fills it. Empty: the stage's own records only.
     replay: Mapping[str, Any] = field(default_factory=dict)
-    # The tiny model's size (model="tiny" only): BPE vocabulary, width, layers. With a warm start, its
-    # tokenizer also learns from the warm-start records' prompts and gold turns (never the held-out ones).
-    tiny_vocab_size: int = 512
-    tiny_hidden_size: int = 64
-    tiny_layers: int = 2
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the backend's own settings (cluster.local)
@@ -123,10 +119,8 @@ class LocalStageConfig(LocalBackendSettings):
             "prompts_per_step",
             "samples_per_prompt",
             "max_response_len",
-            "tiny_vocab_size",
-            "tiny_hidden_size",
-            "tiny_layers",
             "sft_epochs",
+            "eval_samples",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -159,8 +153,6 @@ class LocalStageConfig(LocalBackendSettings):
             raise LocalConfigError(f"lora must be LoRA settings (a mapping), got {type(self.lora).__name__}")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise LocalConfigError(f"clip eps must be non-negative, got {self.clip_eps_low!r}/{self.clip_eps_high!r}")
-        if self.tiny_hidden_size % 4:
-            raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")
         self._check_warm_start()
         self._check_policy()
         if not isinstance(self.env_config, Mapping):

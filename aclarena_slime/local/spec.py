@@ -47,6 +47,7 @@ RECIPE_KEYS = {
     "clip_eps_high": "algorithm.eps_clip_high",
     "eval_temperature": "data.eval_temperature",
     "eval_top_p": "data.eval_top_p",
+    "eval_samples": "data.n_samples_per_eval_prompt",
     "eval_max_response_len": "data.eval_max_response_len",
     "response_budget": "custom.aclarena_response_budget",
     "lora": "lora",
@@ -65,7 +66,6 @@ UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
     ("algorithm.lr_warmup_fraction", (None, 0.0), True, "the local trainer has no warm-up"),
     ("rollout.dynamic_sampling_filter_path", (None,), True, "the local stage trains on every group it rolls out"),
     ("rollout.over_sampling_batch_size", (None,), True, "the local stage rolls out exactly its batch"),
-    ("data.n_samples_per_eval_prompt", (None, 1), True, "the local stage evaluates one sample per held-out prompt"),
     ("data.eval_interval", (None,), False, "the local stage evaluates before and after training only"),
 )
 
@@ -99,6 +99,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
         # slime's None: the rollout's own setting
         "eval_temperature": data.eval_temperature if data.eval_temperature is not None else rollout.rollout_temperature,
         "eval_top_p": data.eval_top_p if data.eval_top_p is not None else 1.0,
+        "eval_samples": data.n_samples_per_eval_prompt or 1,
         "eval_max_response_len": data.eval_max_response_len,
         "response_budget": recipe.custom.aclarena_response_budget or "total",
     }

@@ -255,6 +255,7 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     split = stage_records(stage.env, cfg)
     train = replay_mixture(cfg, split.train, stage.context.env_configs)  # the replay baseline (else as is)
     limit = asyncio.Semaphore(cfg.max_concurrency)
+    held_out, sampled = in_stage(cfg, split), cfg.eval_temperature > 0
     steps: list[dict[str, Any]] = []
     monitor = StageMonitor.for_stage(
         bind_engine(cfg.monitor, stage.url, cfg.served_name),
@@ -265,8 +266,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     )  # None: no earlier domain to watch
     with _progress(cfg.progress) as progress:
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
-        before = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
-        before_sampled = await evaluate(stage.context, in_stage(cfg, split), cfg, limit, cfg.temperature)
+        before = await evaluate(stage.context, held_out, cfg, limit)
+        before_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
         validation = [await validate(stage.context, split.validation, cfg, limit, 0)] if split.validation else []
         progress.advance(task)
         keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
@@ -309,17 +310,17 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
                 validation.append(await validate(stage.context, split.validation, cfg, limit, step + 1))
         if split.validation and validation[-1]["step"] != len(steps):
             validation.append(await validate(stage.context, split.validation, cfg, limit, len(steps)))
-        after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
-        after_sampled = await evaluate(stage.context, in_stage(cfg, split), cfg, limit, cfg.temperature)
+        after = await evaluate(stage.context, held_out, cfg, limit)
+        after_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
         progress.advance(task)
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return {
         "eval_before": before,
         "eval_after": after,
-        # The held-out reward of samples at the training temperature, beside the greedy one: RL trains on
-        # samples, the held-out reward is greedy.
-        "eval_sampled": {"before": before_sampled, "after": after_sampled},
+        # Beside a sampled evaluation, the greedy one: RL trains on samples and may sharpen them towards what
+        # greedy decoding already answered, which moves the sampled reward and not the greedy one.
+        **({"eval_greedy": {"before": before_greedy, "after": after_greedy}} if sampled else {}),
         "steps": steps,
         **({"eval_validation": validation} if validation else {}),
         **({"monitor": monitor.report(len(steps))} if monitor else {}),
@@ -556,22 +557,25 @@ async def evaluate(
     records: list[dict[str, Any]],
     cfg: LocalStageConfig,
     limit: asyncio.Semaphore,
-    temperature: float | None = None,
+    greedy: bool = False,
 ) -> dict[str, Any]:
-    """Mean reward of one rollout per held-out record at ``temperature`` (None: ``eval_temperature``, greedy
-    unless > 0)."""
+    """Mean reward of ``eval_samples`` rollouts per held-out record at ``eval_temperature`` (avg@n; greedy at 0),
+    or with ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same
+    whatever the policy, so two evaluations of one stage differ by the policy, not by the draw."""
     if not records:
         return {"n": 0, "mean_reward": None, "excluded": 0}
-    samples = [new_sample(r, i, i) for i, r in enumerate(records)]
+    k = 1 if greedy else cfg.eval_samples
+    samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
     params = {
-        "temperature": cfg.eval_temperature if temperature is None else temperature,
-        "top_p": cfg.eval_top_p,
+        "temperature": 0.0 if greedy else cfg.eval_temperature,
+        "top_p": 1.0 if greedy else cfg.eval_top_p,
         "max_new_tokens": cfg.eval_budget,
     }
     await _gather(context, samples, params, cfg.seed + HELD_OUT_SEED, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
-    return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable)}
+    return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable), "prompts": len(records),
+            "samples_per_prompt": k}  # fmt: skip
 
 
 def in_stage(cfg: LocalStageConfig, records: StageRecords) -> list[dict[str, Any]]:
@@ -583,7 +587,8 @@ def in_stage(cfg: LocalStageConfig, records: StageRecords) -> list[dict[str, Any
 async def validate(
     context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore, step: int
 ) -> dict[str, Any]:
-    """The greedy reward on the validation prompts after ``step`` GRPO steps: what settings are chosen on."""
+    """The reward on the validation prompts after ``step`` GRPO steps, evaluated as the held-out prompts are: what
+    settings are chosen on."""
     return {"step": step, **await evaluate(context, records, cfg, limit)}
 
 

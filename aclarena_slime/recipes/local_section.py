@@ -31,6 +31,11 @@ class LocalBackendSettings:
     """
 
     model: str = TINY_MODEL  # "tiny" or a Hugging Face model directory
+    # The tiny model's size (model="tiny" only): BPE vocabulary, width, layers. With a warm start, its
+    # tokenizer also learns from the warm-start records' prompts and gold turns (never the held-out ones).
+    tiny_vocab_size: int = 512
+    tiny_hidden_size: int = 64
+    tiny_layers: int = 2
     backbone: str | None = None  # a merged / fine-tuned model folder replacing the base (chained stages)
     base_adapter: str | None = None  # a PEFT folder the expert continues (chained stages)
     seed: int = 0
@@ -38,12 +43,12 @@ class LocalBackendSettings:
     eval_data_path: str | None = None  # None: eval_size further demo records (another seed)
     eval_size: int = 16
     # Evaluate the stage's own held-out prompts inside the stage (before the warm start, before and after GRPO;
-    # greedy and sampled). False: not there (``eval_size`` still keeps them out of training), as in the arena,
-    # whose evaluator measures every domain after every stage.
+    # with a sampled evaluation also greedily). False: not there (``eval_size`` still keeps them out of training),
+    # as in the arena, whose evaluator measures every domain after every stage.
     stage_eval: bool = True
     # Validation prompts carved out of the RL records (never trained on, never the held-out ones): what the
-    # profile's settings are chosen on, evaluated greedily every ``validation_interval`` GRPO steps (0: before
-    # and after only); the held-out reward stays the reported figure.
+    # profile's settings are chosen on, evaluated as the held-out prompts are every ``validation_interval`` GRPO
+    # steps (0: before and after only); the held-out reward stays the reported figure.
     validation_size: int = 0
     validation_interval: int = 0
     top_p: float = 1.0
@@ -70,7 +75,8 @@ class LocalBackendSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "updates_per_step", "micro_batch_size", "max_running_requests",
-                     "max_prefill_tokens", "warm_start_records", "warm_start_batch_size"):  # fmt: skip
+                     "max_prefill_tokens", "warm_start_records", "warm_start_batch_size", "tiny_vocab_size",
+                     "tiny_hidden_size", "tiny_layers"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -93,3 +99,5 @@ class LocalBackendSettings:
             )
         if self.warm_start_lr <= 0:
             raise LocalConfigError(f"warm_start_lr must be positive, got {self.warm_start_lr!r}")
+        if self.tiny_hidden_size % 4:
+            raise LocalConfigError(f"tiny_hidden_size must be a multiple of 4 (4 heads), got {self.tiny_hidden_size}")

@@ -202,7 +202,9 @@ def test_a_stage_on_the_local_backend_gets_the_local_profile(tmp_path: Path):
     run_curriculum(path, runner=runner, evaluator=lambda *_: None)
     (recipe,) = runner.recipes
     profile = yaml.safe_load((RECIPES / "profile" / "local.yaml").read_text())
-    assert recipe.cluster.name == "local" and recipe.rollout.num_rollout == profile["rollout"]["num_rollout"]
+    env_local = yaml.safe_load((RECIPES / "env" / "local" / "search.yaml").read_text())  # the profile, then the env's
+    assert recipe.cluster.name == "local" and recipe.rollout.num_rollout == env_local["rollout"]["num_rollout"]
+    assert recipe.rollout.n_samples_per_prompt == profile["rollout"]["n_samples_per_prompt"]
     search = recipe.env_config["search"]
     assert search["retriever_url"] is None  # no retriever to start
     assert (search["protocol"], search["reward"]) == ("search_r1", "em")  # the protocol its gold demos are in

@@ -183,7 +183,7 @@ def test_the_same_seed_gives_the_same_metrics(tmp_path):
 def test_a_grpo_run_records_why_it_learns_or_not(tmp_path):
     """Each step keeps the diagnostics of issue 25 (what the rollouts scored, whether their groups had a
     reward spread, entropy, KL to the starting policy, grad norm, clip fraction), within their ranges; the
-    held-out reward is measured greedily and at the sampling temperature."""
+    held-out reward is the mean of ``eval_samples`` samples per prompt, the greedy one recorded beside it."""
     cfg = small(
         tmp_path,
         "learnable",
@@ -194,6 +194,8 @@ def test_a_grpo_run_records_why_it_learns_or_not(tmp_path):
         updates_per_step=2,  # the second pass is off-policy: the clip can engage
         lora={"rank": 8, "target_modules": ["q_proj", "v_proj", "lm_head"]},
         seed=1,
+        eval_temperature=1.0,
+        eval_samples=3,
     )
     metrics = run_stage(cfg)
     steps = json.loads(cfg.metrics_path.read_text())["steps"]
@@ -209,6 +211,35 @@ def test_a_grpo_run_records_why_it_learns_or_not(tmp_path):
     assert trained, steps  # seed 1 has a group with a reward spread in its first two steps
     assert all(s["grad_norm"] > 0.0 for s in trained)
     assert steps[-1]["kl_to_start"] > 0.0  # an update moved the policy away from where it started
-    sampled = metrics["eval_sampled"]
-    assert sampled["after"]["n"] == metrics["eval_after"]["n"] == 2
-    assert 0.0 <= sampled["before"]["mean_reward"] <= 1.0
+    after = metrics["eval_after"]
+    assert (after["prompts"], after["samples_per_prompt"], after["n"]) == (2, 3, 6)
+    greedy = metrics["eval_greedy"]
+    assert (greedy["after"]["prompts"], greedy["after"]["samples_per_prompt"], greedy["after"]["n"]) == (2, 1, 2)
+    assert 0.0 <= greedy["before"]["mean_reward"] <= 1.0
+
+
+def test_a_sampled_evaluation_gives_each_sample_of_a_prompt_its_own_seed(tmp_path, monkeypatch):
+    """avg@k: k samples of each held-out prompt at the evaluation temperature, each its own seed (the same for the
+    same prompt and sample, whatever the policy); ``greedy`` asks one greedy sample per prompt."""
+    import asyncio
+
+    from aclarena_slime.local import stage
+
+    asked = []
+
+    async def gather(context, samples, params, seed, limit):
+        asked.append(([(s.group_index, s.index) for s in samples], params, seed))
+        for s in samples:
+            s.reward = float(s.index % 2)
+
+    monkeypatch.setattr(stage, "_gather", gather)
+    cfg = small(tmp_path, "learnable", eval_temperature=0.7, eval_top_p=0.9, eval_samples=4)
+    records = [{"prompt": f"q{i}", "label": "1", "metadata": {"env": "learnable"}} for i in range(3)]
+    sampled = asyncio.run(stage.evaluate(None, records, cfg, asyncio.Semaphore(4)))
+    greedy = asyncio.run(stage.evaluate(None, records, cfg, asyncio.Semaphore(4), greedy=True))
+    (pairs, params, seed), (greedy_pairs, greedy_params, _) = asked
+    assert pairs == [(i, 4 * i + j) for i in range(3) for j in range(4)]  # index -> sampling seed: 12 distinct
+    assert (params["temperature"], params["top_p"]) == (0.7, 0.9)
+    assert sampled == {"n": 12, "mean_reward": 0.5, "excluded": 0, "prompts": 3, "samples_per_prompt": 4}
+    assert greedy_pairs == [(0, 0), (1, 1), (2, 2)] and (greedy_params["temperature"], greedy_params["top_p"]) == (0, 1)
+    assert (greedy["n"], greedy["mean_reward"]) == (3, 1 / 3)

@@ -69,8 +69,9 @@ def test_backend_shorthand_selects_local(tmp_path: Path, capsys):
 def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
     recipe = load_recipe(REPO / "recipes/mle_search.yaml", [f"paths.root={tmp_path}", "cluster=local"])
     cfg = local_config(recipe)
-    profile = yaml.safe_load((REPO / "recipes/profile/local.yaml").read_text())
-    assert cfg.env == "search" and cfg.model == "tiny" and cfg.steps == profile["rollout"]["num_rollout"]
+    search = yaml.safe_load((REPO / "recipes/env/local/search.yaml").read_text())  # the profile, then the env's own
+    assert cfg.env == "search" and cfg.model == "tiny" and cfg.steps == search["rollout"]["num_rollout"]
+    assert cfg.prompts_per_step == search["rollout"]["rollout_batch_size"]
     assert (cfg.lora.rank, cfg.lora.alpha, cfg.expert_name) == (16, 32.0, "search")
     assert "q_proj" in cfg.lora.hf_target_modules()  # Megatron names translated for PEFT
     assert cfg.env_config["max_turns"] == 5  # the recipe's env settings, under the local profile's (topk: 1)
@@ -222,3 +223,27 @@ def test_slime_full_stage_reports_its_hf_export(tmp_path: Path, monkeypatch):
     result = run_recipe(recipe, BackendChoice("slime", "test"))
     assert (result.status, result.adapter) == (0, None)
     assert result.hf_checkpoint == str(tmp_path / "runs" / "sdft_backbone" / "hf")
+
+
+def test_a_sampled_local_evaluation_is_named_before_the_held_out_line(tmp_path: Path):
+    """The last line stays ``held-out reward: ...``; the line above says how it was measured and gives the greedy
+    reward of the same prompts."""
+    from aclarena_slime.launcher.stage import StageResult, finished_text
+
+    def reward(value: float, k: int) -> dict:
+        return {"n": 4 * k, "mean_reward": value, "excluded": 0, "prompts": 4, "samples_per_prompt": k}
+
+    metrics = {
+        "config": {"eval_temperature": 1.0, "eval_top_p": 0.7},
+        "eval_before": reward(0.0, 8), "eval_warm_start": reward(0.25, 8), "eval_after": reward(0.5, 8),
+        "eval_greedy": {"before": reward(0.25, 1), "after": reward(0.75, 1)},
+    }  # fmt: skip
+    lines = finished_text(StageResult(0, "local", adapter=str(tmp_path), metrics=metrics)).splitlines()
+    assert lines[-2:] == [
+        "held-out prompts: 4, 8 sample(s) each at temperature 1, top-p 0.7 (greedy: warm start 0.250 -> trained 0.750)",
+        "held-out reward: base 0.000 -> warm start 0.250 -> trained 0.500",
+    ]
+    del metrics["eval_greedy"]  # a greedy evaluation: nothing beside it, no line
+    assert finished_text(StageResult(0, "local", adapter=str(tmp_path), metrics=metrics)).splitlines() == [
+        lines[0], lines[-1]
+    ]  # fmt: skip

@@ -48,17 +48,33 @@ def test_recipe_sections_map_onto_the_local_stage(tmp_path: Path):
     recipe = load_recipe(
         REPO / "recipes/mle_search.yaml",
         [f"paths.root={tmp_path}", "cluster=local", "rollout.rollout_temperature=0.7", "algorithm.eps_clip_high=0.3",
-         "data.eval_temperature=0.5", "data.eval_max_response_len=64", "lora.rank=4", "lora.dropout=0.1",
+         "data.eval_temperature=0.5", "data.eval_max_response_len=64", "data.n_samples_per_eval_prompt=3",
+         "lora.rank=4", "lora.dropout=0.1",
          "custom.aclarena_response_budget=per_turn"],
     )  # fmt: skip
     cfg = local_config(recipe)
     assert (cfg.temperature, cfg.clip_eps_low, cfg.clip_eps_high) == (0.7, 0.2, 0.3)
-    assert (cfg.eval_temperature, cfg.eval_budget, cfg.response_budget) == (0.5, 64, "per_turn")
+    assert (cfg.eval_temperature, cfg.eval_budget, cfg.eval_samples, cfg.response_budget) == (0.5, 64, 3, "per_turn")
     assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.expert_name) == (4, 32.0, 0.1, "search")
     assert cfg.lora.hf_target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     # The env's local part: its demo turns, its budget, the demo corpus instead of the retriever service.
     assert cfg.warm_start_demos == "aclarena_envs.search.data.demo_turns" and cfg.max_response_len == 256
     assert cfg.env_config["retriever_url"] is None and cfg.env_config["topk"] == 1
+
+
+@pytest.mark.parametrize(
+    ("stage", "temperature", "top_p", "samples"),
+    [("stage1_math", 1.0, 1.0, 8), ("stage2_search", 1.0, 1.0, 8), ("stage4_if", 1.0, 0.7, 8)],
+)
+def test_the_local_profile_evaluates_as_the_authors_do(stage: str, temperature, top_p, samples, tmp_path: Path):
+    """Sampled at the rollout temperature, IFEval at top-p 0.7 (recipes/eval/paper.yaml), 8 samples per prompt."""
+    cfg = local_config(load_recipe(REPO / f"recipes/{stage}.yaml", [f"paths.root={tmp_path}", "cluster=local"]))
+    assert (cfg.eval_temperature, cfg.eval_top_p, cfg.eval_samples) == (temperature, top_p, samples)
+
+
+def test_the_local_retail_stage_evaluates_one_episode_per_task_at_0_7(tmp_path: Path):
+    data = load_recipe(REPO / "recipes/stage3_retail.yaml", [f"paths.root={tmp_path}", "cluster=local"]).data
+    assert (data.eval_temperature, data.n_samples_per_eval_prompt) == (0.7, 1)
 
 
 def test_the_local_profile_names_no_env_tag():
@@ -76,10 +92,10 @@ def test_the_local_profile_names_no_env_tag():
         ("algorithm.use_kl_loss=true algorithm.kl_loss_coef=0", "algorithm.kl_loss_coef"),
         ("rollout.dynamic_sampling_filter_path=aclarena_slime.slime_edge.rollout.drop_no_tool",
          "rollout.dynamic_sampling_filter_path"),
-        ("data.n_samples_per_eval_prompt=16", "data.n_samples_per_eval_prompt"),
         ("++cluster.local.steps=3", "Key 'steps' not in 'LocalBackendSettings'"),  # a recipe key: rollout.num_rollout
         ("++cluster.local.stepz=3", "Key 'stepz' not in 'LocalBackendSettings'"),
         ("++cluster.local.max_concurrency=0", "max_concurrency must be a positive integer"),
+        ("++cluster.local.tiny_hidden_size=130", "tiny_hidden_size must be a multiple of 4"),
     ],
 )  # fmt: skip
 def test_a_setting_the_local_backend_cannot_run_is_an_error_naming_it(override: str, named: str, tmp_path: Path):
@@ -108,7 +124,7 @@ def test_the_slime_command_is_the_recipe_without_the_local_profile(tmp_path: Pat
 
 def test_each_local_setting_comes_from_one_place():
     """A local stage's setting is the backend's own (cluster.local, typed by LocalBackendSettings) or a recipe
-    key's (RECIPE_KEYS), never both; only the tiny model's shape is neither (tests and benchmarks set it)."""
+    key's (RECIPE_KEYS), never both (the tiny model's shape is the backend's: cluster.local.tiny_hidden_size)."""
     import dataclasses
 
     from aclarena_slime.local.config import LocalStageConfig
@@ -117,5 +133,4 @@ def test_each_local_setting_comes_from_one_place():
 
     backend = {f.name for f in dataclasses.fields(LocalBackendSettings)}
     assert not backend & set(RECIPE_KEYS)
-    tiny = {"tiny_vocab_size", "tiny_hidden_size", "tiny_layers"}
-    assert {f.name for f in dataclasses.fields(LocalStageConfig)} == backend | set(RECIPE_KEYS) | tiny
+    assert {f.name for f in dataclasses.fields(LocalStageConfig)} == backend | set(RECIPE_KEYS)

@@ -20,9 +20,10 @@ SMALL = [
     "rollout.rollout_batch_size=1",
     "rollout.n_samples_per_prompt=2",
     "cluster.local.eval_size=1",
+    "cluster.local.validation_size=0",
     "rollout.rollout_max_response_len=24",
     "cluster.local.warm_start_steps=0",
-]  # fmt: skip  (the warm start has its tests in tests/local)
+]  # fmt: skip  (the warm start and the validation prompts have their tests in tests/local)
 
 
 def test_the_rl_recipes_are_the_stages_the_experts_and_the_oracles():
@@ -38,7 +39,7 @@ def test_recipe_runs_two_steps_on_the_local_backend(name: str, tmp_path: Path, c
         overrides.append(f"env_config.retail.data_dir={TAU3}")
     assert main([str(REPO / f"recipes/{name}.yaml"), "cluster=local", *overrides]) == 0, capsys.readouterr().err
     metrics = json.loads((tmp_path / "runs" / name / "local" / "metrics.json").read_text())
-    assert len(metrics["steps"]) == 2 and metrics["eval_after"]["n"] == 1
+    assert len(metrics["steps"]) == 2 and metrics["eval_after"]["prompts"] == 1
     # the policy the recipe trains: a LoRA expert (PEFT folder) or, for full fine-tuning, the whole model
     policy = Path(metrics.get("policy_dir") or metrics["adapter_dir"])
     assert policy.parent == tmp_path / "runs" / name / "local"

@@ -66,7 +66,7 @@ def test_the_recipe_runs_its_experts_side_by_side_on_the_local_backend(tmp_path:
     out = tmp_path / "runs" / "mle_parallel" / "local"
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["experts"]) == {"math", "ifeval"}
-    assert all(len(e["steps"]) == 2 and e["eval_after"]["n"] == 1 for e in metrics["experts"].values())
+    assert all(len(e["steps"]) == 2 and e["eval_after"]["prompts"] == 1 for e in metrics["experts"].values())
     table = ExpertTable.load(out / "experts.json")
     assert {t: e.adapter for t, e in table.experts.items()} == {"math": "math", "ifeval": "ifeval"}
     assert all((e.path / "adapter_config.json").is_file() for e in table.experts.values())
