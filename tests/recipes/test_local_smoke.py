@@ -20,7 +20,7 @@ SMALL = [
     "rollout.rollout_batch_size=1",
     "rollout.n_samples_per_prompt=2",
     "cluster.local.eval_size=1",
-    "cluster.local.validation_size=0",
+    "++cluster.local.validation_size=0",
     "rollout.rollout_max_response_len=24",
     "cluster.local.warm_start_steps=0",
 ]  # fmt: skip  (the warm start and the validation prompts have their tests in tests/local)
