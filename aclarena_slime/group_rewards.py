@@ -144,6 +144,17 @@ def drop_no_tool(samples: list[Any], max_no_tool_fraction: float) -> tuple[bool,
     return keep, None if keep else "all_no_tool"
 
 
+def reward_nonzero_std(samples: list[Any], reward_key: str | None = None) -> tuple[bool, str | None]:
+    """slime's built-in ``check_reward_nonzero_std`` rule, for where slime is absent: keep a group only if the
+    (unbiased) standard deviation of its samples' rewards exceeds 1e-6: ``(keep the group, why not)``."""
+    values = [reward_value(sample, reward_key) for sample in samples]
+    if len(values) < 2:
+        return False, "too_few_samples"
+    mean = sum(values) / len(values)
+    keep = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) > 1e-6
+    return keep, None if keep else f"zero_std_{round(values[0], 1)}"
+
+
 def task_reward_nonzero_std(samples: list[Any], reward_key: str | None = None) -> tuple[bool, str | None]:
     """Keep a group only if its task outcomes differ: ``(keep the group, why not)``.
 

@@ -21,13 +21,11 @@ import argparse
 import contextlib
 import io
 import json
-import multiprocessing
 import os
 import resource
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from aclarena_slime.analysis.comparison import COLUMNS, load_run
 from aclarena_slime.analysis.forgetting import ForgettingMatrix
 from aclarena_slime.cli import main as cli
 from aclarena_slime.curriculum.arena import run_arena
+from aclarena_slime.worker_pool import worker_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 FORGETS_BWT, FORGETS_MAX, MLE_GAP = -5.0, 10.0, 3.0  # the targets (0.05, 0.10, 0.03) in points
@@ -144,8 +143,7 @@ def main() -> None:
     per_seed: dict[int, dict[str, Any]] = {}
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be positive, got {args.jobs}")
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
-    with ProcessPoolExecutor(max_workers=min(args.jobs, len(seeds)), mp_context=context) as pool:
+    with worker_pool(min(args.jobs, len(seeds))) as pool:  # fresh interpreters, gone when this process is
         futures = {seed: pool.submit(run_seed, args.arena, [f"output_dir={out}", f"seed={seed}", *args.set],
                                      args.methods) for seed in seeds}  # fmt: skip
         for seed, future in futures.items():

@@ -13,7 +13,7 @@ prompt at the rollout temperature, the authors' evaluation) of the base model, o
 backbone and of the GRPO-trained policy, and GRPO's gain over the warm start, each as the mean ± the
 spread (half the range) over the seeds; GRPO's gain on the greedy reward of the same prompts; the mean
 sampled rollout reward of the first and the last two GRPO steps, GRPO's gain on the validation prompts (``cluster.local.validation_size``, carved out of
-the RL records: what the profile's settings were chosen on), and the CPU and wall seconds of one stage
+the RL records: what the profile's settings were chosen on; this benchmark evaluates them, the main command does not), and the CPU and wall seconds of one stage
 (mean; set-up — the tiny model, its tokenizer — included; a warm start reused from an earlier run in the same ``--out`` folder is not: ``warm_start_cached``
 in the JSON). On a shared machine wall time is inflated; CPU seconds are not. ``--retail-data DIR`` adds
 the τ³-Retail stage on that data folder (no warm start: retail has no gold demos). Every run's figures
@@ -23,9 +23,7 @@ go to ``<out>/bench_local_learning.json``.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
-import multiprocessing
 import os
 import resource
 import statistics
@@ -39,6 +37,7 @@ from rich.table import Table
 from aclarena_slime.local.spec import local_config
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.recipes.compose import load_recipe
+from aclarena_slime.worker_pool import worker_pool
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {"math": "stage1_math", "search": "stage2_search", "ifeval": "stage4_if", "retail": "stage3_retail"}
@@ -56,7 +55,9 @@ def run_one(env: str, seed: int, out: Path, overrides: list[str]) -> dict[str, A
     """One local stage of ``env`` at ``seed``: its rewards, GRPO's training figures, CPU and wall seconds."""
     recipe = load_recipe(
         REPO / "recipes" / f"{RECIPES[env]}.yaml",
-        ["cluster=local", f"paths.root={out / f'seed{seed}'}", f"+cluster.local.seed={seed}", *overrides],
+        # The validation prompts are evaluated here (the main command skips them): the settings are chosen on them.
+        ["cluster=local", f"paths.root={out / f'seed{seed}'}", f"+cluster.local.seed={seed}",
+         "cluster.local.validation_eval=true", *overrides],  # fmt: skip
     )
     wall, cpu = time.perf_counter(), cpu_seconds()
     metrics = run_stage(local_config(recipe))
@@ -124,8 +125,7 @@ def main() -> None:
     if args.jobs == 1:
         runs = [run_one(*job) for job in todo]
     else:  # each stage in a fresh process: one torch thread each, its CPU seconds its own
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
+        with worker_pool(args.jobs, max_tasks_per_child=1) as pool:
             runs = list(pool.map(run_one, *zip(*todo, strict=True)))
     table = Table(title=f"local profile: held-out mean reward, {args.seeds} seed(s), mean ± half range")
     columns = ("env", "prompts x samples", "base", "warm start", "trained", "GRPO gain", "greedy gain",

@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
         "tis",
         "sglang_client",
         "adapter_swap",
+        "worker_pool",
     },  # formats, clients (adapter_swap: the one way an engine's adapters change)
     {"plugin"},  # the env contract, registry and conformance kit
     {"agent_loop", "rollout", "group_rewards", "parity"},  # the one shared rollout; engine vs trainer log-probs

@@ -101,6 +101,12 @@ class LocalStageConfig(LocalBackendSettings):
     eval_max_response_len: int | None = None  # None: max_response_len
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
+    # Dynamic sampling (aclarena_slime.local.group_filter): the recipe's group filter (a dotted path; None: every
+    # group trains), the prompts a sampling round rolls out (None: prompts_per_step) and the filter's settings
+    # (custom.aclarena_filters).
+    group_filter: str | None = None
+    over_sampling_prompts: int | None = None
+    filter_settings: Mapping[str, Any] = field(default_factory=dict)
     # The forgetting monitor (aclarena_slime.evaluation.monitor): the recipe's monitor section, MonitorSettings
     # fields (``domains``: the earlier env tags); the curriculum fills it. Empty: no monitor.
     monitor: Mapping[str, Any] = field(default_factory=dict)
@@ -155,6 +161,7 @@ class LocalStageConfig(LocalBackendSettings):
             raise LocalConfigError(f"clip eps must be non-negative, got {self.clip_eps_low!r}/{self.clip_eps_high!r}")
         self._check_warm_start()
         self._check_policy()
+        self._check_sampling()
         if not isinstance(self.env_config, Mapping):
             raise LocalConfigError(f"env_config must be a mapping, got {type(self.env_config).__name__}")
 
@@ -193,6 +200,33 @@ class LocalStageConfig(LocalBackendSettings):
             )
         if self.full_finetune and self.base_adapter:
             raise LocalConfigError("full fine-tuning continues a model folder (backbone), not base_adapter")
+
+    def _check_sampling(self) -> None:
+        per_round = self.over_sampling_prompts
+        if per_round is not None and (isinstance(per_round, bool) or not isinstance(per_round, int) or per_round < 1):
+            raise LocalConfigError(f"over_sampling_prompts must be a positive integer or None, got {per_round!r}")
+        if per_round is not None and per_round < self.prompts_per_step:
+            raise LocalConfigError(
+                f"over_sampling_prompts={per_round} is below prompts_per_step={self.prompts_per_step} "
+                "(rollout.over_sampling_batch_size must be at least rollout.rollout_batch_size, as slime requires)"
+            )
+        if self.group_filter is not None:
+            from aclarena_slime.local.group_filter import GroupFilter, GroupFilterError
+
+            try:
+                GroupFilter.named(self.group_filter, self.filter_settings)
+            except GroupFilterError as exc:
+                raise LocalConfigError(str(exc)) from exc
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        """Whether a GRPO step samples as slime's dynamic sampling does (a group filter, or over-sampling)."""
+        return self.group_filter is not None or self.over_sampling_prompts is not None
+
+    @property
+    def prompts_per_round(self) -> int:
+        """The prompts one sampling round rolls out."""
+        return self.over_sampling_prompts or self.prompts_per_step
 
     @property
     def policy_dir(self) -> Path:

@@ -40,11 +40,12 @@ from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
+from aclarena_slime.local.group_filter import PromptStream
 from aclarena_slime.local.records import bind_engine, stage_records
 from aclarena_slime.local.stage import (
     evaluate,
     rollout_figures,
-    rollout_step,
+    sample_step,
     stage_model,
     to_train_sample,
     train_settings,
@@ -225,6 +226,7 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
             await sync(cfg, loaded=False)
         splits = {c.env: stage_records(context.env(c.env), c) for c in cfgs}
         limits = {c.env: asyncio.Semaphore(c.max_concurrency) for c in cfgs}
+        streams = {c.env: PromptStream(splits[c.env].train) for c in cfgs}
 
         async def evaluate_all() -> list[dict[str, Any]]:
             return list(
@@ -236,24 +238,15 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
         for step in range(max(c.steps for c in cfgs)):
             active = [c for c in cfgs if step < c.steps]
             t0 = time.monotonic()
-            rolled = await asyncio.gather(
-                *(
-                    rollout_step(
-                        context,
-                        splits[c.env].train[step * c.prompts_per_step : (step + 1) * c.prompts_per_step],
-                        c,
-                        step,
-                        limits[c.env],
-                    )
-                    for c in active
-                )
-            )
-            for cfg, samples in zip(active, rolled, strict=True):
-                stats = await asyncio.to_thread(
-                    trainer.step, cfg.expert_name, [to_train_sample(s) for s in samples if s.usable]
-                )
+            rolled = await asyncio.gather(*(sample_step(context, streams[c.env], c, limits[c.env]) for c in active))
+            for cfg, sampled in zip(active, rolled, strict=True):
+                batch = [to_train_sample(s) for group in sampled.kept for s in group if s.usable]
+                stats = await asyncio.to_thread(trainer.step, cfg.expert_name, batch)
                 await sync(cfg, loaded=True)
-                steps[cfg.env].append({"step": step, **rollout_figures(samples), **stats})
+                figures = rollout_figures([s for group in sampled.rolled_out for s in group])
+                steps[cfg.env].append(
+                    {"step": step, **figures, **(sampled.figures() if cfg.dynamic_sampling else {}), **stats}
+                )
             for cfg in active:
                 steps[cfg.env][-1]["seconds"] = round(time.monotonic() - t0, 3)
         after = await evaluate_all()

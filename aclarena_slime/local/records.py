@@ -147,7 +147,7 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     held_out = {prompt_key(r) for r in evaluation}
     if not cfg.data_path:
         held_out |= checked_keys(env, cfg.eval_size)
-    n_train = cfg.steps * cfg.prompts_per_step
+    n_train = cfg.steps * cfg.prompts_per_round  # a round a step; a step of more rounds reads on (group_filter)
     n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
     n_val = cfg.validation_size
     if cfg.data_path:

@@ -43,6 +43,9 @@ RECIPE_KEYS = {
     "sft_epochs": "algorithm.extra.num_epoch",
     "replay": "custom.aclarena_replay",
     "monitor": "monitor",
+    "group_filter": "rollout.dynamic_sampling_filter_path",
+    "over_sampling_prompts": "rollout.over_sampling_batch_size",
+    "filter_settings": "custom.aclarena_filters",
     "clip_eps_low": "algorithm.eps_clip",
     "clip_eps_high": "algorithm.eps_clip_high",
     "eval_temperature": "data.eval_temperature",
@@ -64,8 +67,6 @@ UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
     ("algorithm.optimizer", ("adam",), True, "the local trainer runs AdamW"),
     ("algorithm.lr_decay_style", ("constant",), True, "the local trainer keeps the learning rate constant"),
     ("algorithm.lr_warmup_fraction", (None, 0.0), True, "the local trainer has no warm-up"),
-    ("rollout.dynamic_sampling_filter_path", (None,), True, "the local stage trains on every group it rolls out"),
-    ("rollout.over_sampling_batch_size", (None,), True, "the local stage rolls out exactly its batch"),
     ("data.eval_interval", (None,), False, "the local stage evaluates before and after training only"),
 )
 
@@ -102,6 +103,9 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
         "eval_samples": data.n_samples_per_eval_prompt or 1,
         "eval_max_response_len": data.eval_max_response_len,
         "response_budget": recipe.custom.aclarena_response_budget or "total",
+        "group_filter": rollout.dynamic_sampling_filter_path,
+        "over_sampling_prompts": rollout.over_sampling_batch_size,
+        "filter_settings": dataclasses.asdict(recipe.custom.aclarena_filters) if recipe.custom.aclarena_filters else {},
     }
     values.update(kind=recipe.kind, weight_decay=algorithm.weight_decay, adam_beta1=algorithm.adam_beta1,
                   adam_beta2=algorithm.adam_beta2, kl_loss_type=algorithm.kl_loss_type,
@@ -178,7 +182,11 @@ def local_plan(cfg: LocalStageConfig) -> str:
     if cfg.kind == "sft":
         phases.append(f"SFT ({cfg.sft_epochs} epoch(s) on teacher rollouts kept by {cfg.sft_filter})")
     else:
-        phases.append(f"GRPO ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples)")
+        grpo = f"{cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples"
+        if cfg.dynamic_sampling:
+            grpo += (f"; groups kept by {cfg.group_filter or 'no filter'}, sampled {cfg.prompts_per_round} prompts a "
+                     f"round, at most {cfg.max_sampling_rounds} rounds a step")  # fmt: skip
+        phases.append(f"GRPO ({grpo})")
     policy = "full fine-tuning (every parameter)" if cfg.full_finetune else f"LoRA expert {cfg.expert_name!r}"
     kl = f"KL {cfg.kl_loss_type} x {cfg.kl_coef} to the starting policy" if cfg.kl_coef else "no KL term"
     lines = [

@@ -51,6 +51,7 @@ from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import MultiLoraModel
+from aclarena_slime.local.group_filter import GroupFilter, PromptStream, SampledStep, sample_groups
 from aclarena_slime.local.records import (
     Sample,
     StageRecords,
@@ -254,8 +255,9 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     await serve_policy(cfg, stage, trainer, loaded=False)
     split = stage_records(stage.env, cfg)
     train = replay_mixture(cfg, split.train, stage.context.env_configs)  # the replay baseline (else as is)
-    limit = asyncio.Semaphore(cfg.max_concurrency)
+    stream, limit = PromptStream(train), asyncio.Semaphore(cfg.max_concurrency)
     held_out, sampled = in_stage(cfg, split), cfg.eval_temperature > 0
+    validating = split.validation if cfg.validation_eval else []  # the validation prompts evaluated
     steps: list[dict[str, Any]] = []
     monitor = StageMonitor.for_stage(
         bind_engine(cfg.monitor, stage.url, cfg.served_name),
@@ -268,7 +270,7 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
         task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
         before = await evaluate(stage.context, held_out, cfg, limit)
         before_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
-        validation = [await validate(stage.context, split.validation, cfg, limit, 0)] if split.validation else []
+        validation = [await validate(stage.context, validating, cfg, limit, 0)] if validating else []
         progress.advance(task)
         keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
         if keep_on_disk:
@@ -277,9 +279,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
             await monitor.check(0)
         for step in range(cfg.steps):
             t0 = time.monotonic()
-            records = train[step * cfg.prompts_per_step : (step + 1) * cfg.prompts_per_step]
-            samples = await rollout_step(stage.context, records, cfg, step, limit)
-            batch = [to_train_sample(s) for s in samples if s.usable]
+            rolled = await sample_step(stage.context, stream, cfg, limit)
+            batch = [to_train_sample(s) for group in rolled.kept for s in group if s.usable]
             # The parity check on the first batch with tokens to compare (step 0 unless it had none).
             unchecked = not any("parity_mean_abs" in record for record in steps)
             tokens = any(sum(s.loss_mask) for s in batch)
@@ -291,7 +292,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
             steps.append(
                 {
                     "step": step,
-                    **rollout_figures(samples),
+                    **rollout_figures([s for group in rolled.rolled_out for s in group]),
+                    **(rolled.figures() if cfg.dynamic_sampling else {}),
                     **stats,
                     **checked,
                     "seconds": round(time.monotonic() - t0, 3),
@@ -306,10 +308,10 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
                 progress.console.print(step_line(steps[-1]))
             if monitor and await monitor.check(step + 1):
                 break  # the monitor's action "stop": an earlier domain fell
-            if split.validation and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
-                validation.append(await validate(stage.context, split.validation, cfg, limit, step + 1))
-        if split.validation and validation[-1]["step"] != len(steps):
-            validation.append(await validate(stage.context, split.validation, cfg, limit, len(steps)))
+            if validating and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
+                validation.append(await validate(stage.context, validating, cfg, limit, step + 1))
+        if validating and validation[-1]["step"] != len(steps):
+            validation.append(await validate(stage.context, validating, cfg, limit, len(steps)))
         after = await evaluate(stage.context, held_out, cfg, limit)
         after_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
         progress.advance(task)
@@ -404,7 +406,8 @@ AFTER_WARM_START = frozenset(
         "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
         "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
         "max_concurrency", "progress", "monitor", "base_adapter", "output_dir", "validation_size",
-        "validation_interval",
+        "validation_interval", "validation_eval", "group_filter", "over_sampling_prompts", "filter_settings",
+        "max_sampling_rounds",
     }
 )  # fmt: skip
 WARM_START_RECORD = "warm_start.json"
@@ -540,16 +543,38 @@ def _end_of_turn(model: MultiLoraModel) -> int:
 async def rollout_step(
     context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, step: int, limit: asyncio.Semaphore
 ) -> list[Sample]:
-    """``samples_per_prompt`` rollouts of each record (one GRPO group per record), rewarded."""
-    samples = []
-    for g, record in enumerate(records):
-        group = step * cfg.prompts_per_step + g
-        samples += [
-            new_sample(record, group, group * cfg.samples_per_prompt + k) for k in range(cfg.samples_per_prompt)
-        ]
+    """``samples_per_prompt`` rollouts of each record (one GRPO group per record, numbered from the step's
+    first), rewarded."""
+    numbered = [(step * cfg.prompts_per_step + g, record) for g, record in enumerate(records)]
+    return [s for group in await rollout_groups(context, numbered, cfg, limit) for s in group]
+
+
+async def rollout_groups(
+    context: RolloutContext, numbered: list[tuple[int, dict[str, Any]]], cfg: LocalStageConfig, limit: asyncio.Semaphore
+) -> list[list[Sample]]:
+    """One GRPO group of ``samples_per_prompt`` rewarded rollouts per ``(group number, record)``; sample ``k`` of
+    group ``g`` is sample ``g * samples_per_prompt + k`` of the stage (its sampling seed)."""
+    k = cfg.samples_per_prompt
+    groups = [[new_sample(record, g, g * k + j) for j in range(k)] for g, record in numbered]
     params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len}
-    await _gather(context, samples, params, cfg.seed, limit)
-    return samples
+    await _gather(context, [s for group in groups for s in group], params, cfg.seed, limit)
+    return groups
+
+
+async def sample_step(
+    context: RolloutContext, stream: PromptStream, cfg: LocalStageConfig, limit: asyncio.Semaphore
+) -> SampledStep:
+    """A GRPO step's groups: ``prompts_per_step`` of them, or with the recipe's dynamic sampling the first that
+    many its group filter keeps, over rounds of ``over_sampling_prompts`` (:mod:`~aclarena_slime.local.group_filter`)."""
+    group_filter = GroupFilter.named(cfg.group_filter, cfg.filter_settings) if cfg.group_filter else None
+    return await sample_groups(
+        stream,
+        functools.partial(rollout_groups, context, cfg=cfg, limit=limit),
+        cfg.prompts_per_step,
+        cfg.prompts_per_round,
+        group_filter,
+        cfg.max_sampling_rounds,
+    )
 
 
 async def evaluate(
@@ -562,9 +587,9 @@ async def evaluate(
     """Mean reward of ``eval_samples`` rollouts per held-out record at ``eval_temperature`` (avg@n; greedy at 0),
     or with ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same
     whatever the policy, so two evaluations of one stage differ by the policy, not by the draw."""
-    if not records:
-        return {"n": 0, "mean_reward": None, "excluded": 0}
     k = 1 if greedy else cfg.eval_samples
+    if not records:
+        return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k}
     samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
     params = {
         "temperature": 0.0 if greedy else cfg.eval_temperature,

@@ -51,6 +51,13 @@ class LocalBackendSettings:
     # steps (0: before and after only); the held-out reward stays the reported figure.
     validation_size: int = 0
     validation_interval: int = 0
+    # False: the validation prompts stay out of the RL records (the RL prompts are those of a run that evaluates
+    # them) but are not evaluated; the main command's profile, whose user reads the held-out figure.
+    validation_eval: bool = True
+    # With the recipe's dynamic sampling (rollout.dynamic_sampling_filter_path), the most sampling rounds a GRPO step
+    # rolls out before it trains on the groups it has kept (slime samples until its batch is full; a tiny model
+    # whose groups all score alike would sample for ever).
+    max_sampling_rounds: int = 4
     top_p: float = 1.0
     updates_per_step: int = 1  # optimiser passes over each step's rollouts (PPO epochs)
     engine_host: str = "127.0.0.1"
@@ -75,7 +82,7 @@ class LocalBackendSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "updates_per_step", "micro_batch_size", "max_running_requests",
-                     "max_prefill_tokens", "warm_start_records", "warm_start_batch_size", "tiny_vocab_size",
+                     "max_prefill_tokens", "warm_start_records", "warm_start_batch_size", "tiny_vocab_size", "max_sampling_rounds",
                      "tiny_hidden_size", "tiny_layers"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

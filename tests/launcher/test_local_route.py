@@ -25,10 +25,11 @@ RECIPE = str(REPO / "recipes" / "stage2_search.yaml")
 # library's files and 7 of the plugin's. Of the library's 39, 33 run code here; the other 6 are the typed
 # stage spec's sections (distill.mopd, distill.balanced_source, tis), the held-out seed (evaluation.suite)
 # and the rollout's expert table and adapter versions (experts, adapter_swap). Halving it would mean merging
-# modules that hold separate concerns.
-MAX_MODULES = 57
-# The modules whose functions run for the stage (not at import): 33 of the library's, 7 of the plugin's.
-MAX_ENTERED = 40
+# modules that hold separate concerns. 58 since a GRPO step samples its groups through local.group_filter (one
+# round without a filter; the recipe's dynamic sampling with one), which runs code: 34 of 40 library files.
+MAX_MODULES = 58
+# The modules whose functions run for the stage (not at import): 34 of the library's, 7 of the plugin's.
+MAX_ENTERED = 41
 # Calls from a lower layer into a higher one (tests/test_import_graph.py's LAYERS), as caller -> callee
 # modules. All three are handed down, never imported: the local profile (launcher.stage) that compose
 # applies, the typed config class (local.config) that plugin.settings.from_mapping builds, and the gold demo

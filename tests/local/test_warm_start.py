@@ -316,6 +316,14 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     assert again["eval_before"] == metrics["eval_before"] and again["eval_warm_start"] == metrics["eval_warm_start"]
     assert again["warm_start"]["sft"] == warm["sft"]
     assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "warm_start_lr": 5e-3})) is None
+    # validation_eval=false (the main command's profile): the validation prompts stay out of the RL records, not
+    # evaluated; the run trains and evaluates exactly as the one that evaluated them.
+    quiet = run_stage(LocalStageConfig(**{**cfg.to_dict(), "validation_eval": False}))
+    assert "eval_validation" not in quiet and quiet["records"] == metrics["records"]
+    # (the engine-vs-trainer log-prob gaps are float noise that may move with the engine's batches)
+    drop = ("seconds", "logprob_mismatch", "parity_mean_abs", "parity_max_abs")
+    untimed = [[{k: v for k, v in step.items() if k not in drop} for step in m["steps"]] for m in (quiet, metrics)]
+    assert untimed[0] == untimed[1] and quiet["eval_after"] == metrics["eval_after"]
 
 
 def test_a_warm_start_into_the_policy_trains_the_expert_and_leaves_the_model(tmp_path):

@@ -179,6 +179,7 @@ def test_a_stage_without_its_own_evaluations_trains_exactly_the_same(tmp_path):
         runs[stage_eval] = (run_stage(cfg), load_file(cfg.policy_dir / "model.safetensors"))
     (full, full_weights), (bare, bare_weights) = runs[True], runs[False]
     assert full["eval_after"]["n"] == 2 and bare["eval_after"]["n"] == bare["eval_before"]["n"] == 0
+    assert bare["eval_after"]["prompts"] == 0 and bare["eval_after"]["samples_per_prompt"] == 1
     assert bare["records"] == full["records"]
     # The engine-vs-trainer log-prob gap is float noise (~1e-7) that moves with how requests share the engine's
     # batches, which the evaluations change; everything the update reads is equal.

@@ -90,8 +90,8 @@ def test_the_local_profile_names_no_env_tag():
         ("algorithm.advantage_estimator=gspo", "algorithm.advantage_estimator"),
         ("algorithm.lr_decay_style=cosine", "algorithm.lr_decay_style"),
         ("algorithm.use_kl_loss=true algorithm.kl_loss_coef=0", "algorithm.kl_loss_coef"),
-        ("rollout.dynamic_sampling_filter_path=aclarena_slime.slime_edge.rollout.drop_no_tool",
-         "rollout.dynamic_sampling_filter_path"),
+        ("rollout.dynamic_sampling_filter_path=my_pkg.filters.keep_long", "rollout.dynamic_sampling_filter_path"),
+        ("rollout.over_sampling_batch_size=1", "rollout.over_sampling_batch_size must be at least"),
         ("++cluster.local.steps=3", "Key 'steps' not in 'LocalBackendSettings'"),  # a recipe key: rollout.num_rollout
         ("++cluster.local.stepz=3", "Key 'stepz' not in 'LocalBackendSettings'"),
         ("++cluster.local.max_concurrency=0", "max_concurrency must be a positive integer"),
@@ -134,3 +134,23 @@ def test_each_local_setting_comes_from_one_place():
     backend = {f.name for f in dataclasses.fields(LocalBackendSettings)}
     assert not backend & set(RECIPE_KEYS)
     assert {f.name for f in dataclasses.fields(LocalStageConfig)} == backend | set(RECIPE_KEYS)
+
+
+def test_the_recipes_dynamic_sampling_reaches_the_local_stage(tmp_path: Path, monkeypatch, capsys):
+    """The authors' group filter and over-sampling (the paper recipes' rollout keys) run locally as set; the local
+    profile leaves them off unless an env's local settings or the command line turn them on."""
+    monkeypatch.chdir(tmp_path)
+    assert stage_sh_local(MATH).group_filter is None and not stage_sh_local(MATH).dynamic_sampling
+    filt = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+    cfg = stage_sh_local(MATH, f"rollout.dynamic_sampling_filter_path={filt}", "rollout.over_sampling_batch_size=16",
+                         "++cluster.local.max_sampling_rounds=2")  # fmt: skip
+    assert (cfg.group_filter, cfg.over_sampling_prompts, cfg.prompts_per_round, cfg.max_sampling_rounds) == (
+        filt, 16, 16, 2
+    )  # fmt: skip
+    no_tool = "aclarena_slime.slime_edge.rollout.drop_no_tool"
+    search = stage_sh_local(str(REPO / "recipes/stage2_search.yaml"), f"rollout.dynamic_sampling_filter_path={no_tool}",
+                            "+custom.aclarena_filters.max_no_tool_fraction=0.5")  # fmt: skip
+    assert search.group_filter == no_tool and search.filter_settings == {"max_no_tool_fraction": 0.5}
+    assert main([MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local",
+                 f"rollout.dynamic_sampling_filter_path={filt}", "rollout.over_sampling_batch_size=16"]) == 0  # fmt: skip
+    assert f"groups kept by {filt}, sampled 16 prompts a round, at most 4 rounds a step" in capsys.readouterr().out
