@@ -105,6 +105,11 @@ def test_sft_lowers_the_nll_of_demo_trajectories_full_and_lora(chat, tiny_model_
     lora_report = train_sft(lora, examples, SftSettings(steps=10, batch_size=8, lr=1e-2), pad_id=0)
     assert lora_report["nll_after"] < lora_report["nll_before"]
     assert all(torch.equal(p, frozen[n]) for n, p in lora.named_parameters() if not p.requires_grad)
+    # The report's NLLs are measured on the first nll_examples examples (all of them here, 32 of the default 512).
+    assert report["nll_examples"] == 32
+    capped = train_sft(reloaded, examples, SftSettings(steps=1, batch_size=8, lr=1e-9, nll_examples=4), pad_id=0)
+    assert capped["nll_examples"] == 4
+    assert capped["nll_after"] == pytest.approx(mean_nll(reloaded, examples[:4], pad_id=0), rel=1e-4)
 
 
 def test_ifeval_demo_answers_follow_most_generated_prompts():
