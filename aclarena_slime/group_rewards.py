@@ -150,8 +150,7 @@ def reward_nonzero_std(samples: list[Any], reward_key: str | None = None) -> tup
     values = [reward_value(sample, reward_key) for sample in samples]
     if len(values) < 2:
         return False, "too_few_samples"
-    mean = sum(values) / len(values)
-    keep = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) > 1e-6
+    keep = _varies(values)
     return keep, None if keep else f"zero_std_{round(values[0], 1)}"
 
 
@@ -173,6 +172,11 @@ def task_reward_nonzero_std(samples: list[Any], reward_key: str | None = None) -
         values.append(float(task) if isinstance(task, (int, float)) else reward_value(sample, reward_key))
     if len(values) < 2:
         return False, "too_few_kept"
-    mean = sum(values) / len(values)
-    keep = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) > 1e-6
+    keep = _varies(values)
     return keep, None if keep else f"task_zero_std_{round(values[0], 1)}"
+
+
+def _varies(values: Sequence[float]) -> bool:
+    """The group filters' test, slime's: the unbiased standard deviation of two or more values exceeds 1e-6."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) > 1e-6

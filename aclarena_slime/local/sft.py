@@ -250,8 +250,8 @@ def train_sft(
 ) -> dict[str, Any]:
     """``settings.steps`` SFT steps on the parameters of ``model`` that require a gradient.
 
-    Returns the per-token NLL of ``examples`` (the first ``settings.nll_examples``) before and after, the mean loss of the first and last
-    tenth of the steps, and the seconds taken. With ``settings.kl_coef`` > 0 the loss holds the KL term to
+    Returns the per-token NLL of ``examples`` (the first ``settings.nll_examples``) before and after, the mean
+    loss of the first and last tenth of the steps, and the seconds taken. With ``settings.kl_coef`` > 0 the loss holds the KL term to
     ``reference`` (frozen; required then), and the report the KL (``kl_first``/``kl_last`` per step,
     ``kl_after`` on all ``examples``).
     """

@@ -82,8 +82,8 @@ class LocalBackendSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "updates_per_step", "micro_batch_size", "max_running_requests",
-                     "max_prefill_tokens", "warm_start_records", "warm_start_batch_size", "tiny_vocab_size", "max_sampling_rounds",
-                     "tiny_hidden_size", "tiny_layers"):  # fmt: skip
+                     "max_prefill_tokens", "warm_start_records", "warm_start_batch_size", "max_sampling_rounds",
+                     "tiny_vocab_size", "tiny_hidden_size", "tiny_layers"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
