@@ -107,6 +107,9 @@ class LocalStageConfig(LocalBackendSettings):
     group_filter: str | None = None
     over_sampling_prompts: int | None = None
     filter_settings: Mapping[str, Any] = field(default_factory=dict)
+    # Optimiser steps per GRPO step, each on a contiguous part of its rollouts, as slime trains a rollout
+    # (rollout.num_steps_per_rollout, or the rollouts over rollout.global_batch_size).
+    steps_per_rollout: int = 1
     # The forgetting monitor (aclarena_slime.evaluation.monitor): the recipe's monitor section, MonitorSettings
     # fields (``domains``: the earlier env tags); the curriculum fills it. Empty: no monitor.
     monitor: Mapping[str, Any] = field(default_factory=dict)
@@ -127,6 +130,7 @@ class LocalStageConfig(LocalBackendSettings):
             "max_response_len",
             "sft_epochs",
             "eval_samples",
+            "steps_per_rollout",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -45,6 +45,7 @@ RECIPE_KEYS = {
     "monitor": "monitor",
     "group_filter": "rollout.dynamic_sampling_filter_path",
     "over_sampling_prompts": "rollout.over_sampling_batch_size",
+    "steps_per_rollout": "rollout.num_steps_per_rollout (or rollout.global_batch_size)",
     "filter_settings": "custom.aclarena_filters",
     "clip_eps_low": "algorithm.eps_clip",
     "clip_eps_high": "algorithm.eps_clip_high",
@@ -110,6 +111,8 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     values.update(kind=recipe.kind, weight_decay=algorithm.weight_decay, adam_beta1=algorithm.adam_beta1,
                   adam_beta2=algorithm.adam_beta2, kl_loss_type=algorithm.kl_loss_type,
                   kl_coef=algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0)  # fmt: skip
+    if recipe.kind == "rl":
+        values["steps_per_rollout"] = steps_per_rollout(recipe)
     if algorithm.use_kl_loss and algorithm.kl_loss_coef <= 0:
         raise RecipeError(f"{recipe.name}: algorithm.use_kl_loss=true needs algorithm.kl_loss_coef > 0")
     if recipe.lora.enabled:
@@ -174,6 +177,27 @@ def local_config(recipe: StageRecipe) -> LocalStageConfig:
         raise RecipeError(f"{recipe.name} on the local backend: {exc}") from exc
 
 
+def steps_per_rollout(recipe: StageRecipe) -> int:
+    """The optimiser steps a GRPO step takes: the rollout's samples over slime's global batch (one when neither
+    ``global_batch_size`` nor ``num_steps_per_rollout`` is set). A batch that does not divide the rollout is an
+    error: slime refuses one larger than it and drops what an uneven split leaves over."""
+    rollout = recipe.rollout
+    try:
+        per_update = rollout.samples_per_update()
+    except ValueError as exc:
+        raise RecipeError(f"{recipe.name}: {exc}") from exc
+    rollouts = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+    if per_update is None:
+        return 1
+    if not 1 <= per_update <= rollouts or rollouts % per_update:
+        raise RecipeError(
+            f"{recipe.name}: rollout.global_batch_size={per_update} does not divide a step's {rollouts} rollouts "
+            f"(rollout_batch_size {rollout.rollout_batch_size} x n_samples_per_prompt {rollout.n_samples_per_prompt}); "
+            "set it to a divisor, or rollout.num_steps_per_rollout"
+        )
+    return rollouts // per_update
+
+
 def local_plan(cfg: LocalStageConfig) -> str:
     """What ``--dry-run`` prints for a local stage: its phases and every resolved setting."""
     phases = []
@@ -186,6 +210,9 @@ def local_plan(cfg: LocalStageConfig) -> str:
         if cfg.dynamic_sampling:
             grpo += (f"; groups kept by {cfg.group_filter or 'no filter'}, sampled {cfg.prompts_per_round} prompts a "
                      f"round, at most {cfg.max_sampling_rounds} rounds a step")  # fmt: skip
+        if cfg.steps_per_rollout > 1:
+            per_update = cfg.prompts_per_step * cfg.samples_per_prompt // cfg.steps_per_rollout
+            grpo += f"; {cfg.steps_per_rollout} optimiser steps of {per_update} samples a step"
         phases.append(f"GRPO ({grpo})")
     policy = "full fine-tuning (every parameter)" if cfg.full_finetune else f"LoRA expert {cfg.expert_name!r}"
     kl = f"KL {cfg.kl_loss_type} x {cfg.kl_coef} to the starting policy" if cfg.kl_coef else "no KL term"

@@ -132,6 +132,7 @@ def train_settings(cfg: LocalStageConfig) -> TrainSettings:
         clip_eps_low=cfg.clip_eps_low,
         clip_eps_high=cfg.clip_eps_high,
         updates_per_step=cfg.updates_per_step,
+        minibatches=cfg.steps_per_rollout,
         micro_batch_size=cfg.micro_batch_size,
         weight_decay=cfg.weight_decay,
         adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -407,7 +408,7 @@ AFTER_WARM_START = frozenset(
         "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
         "max_concurrency", "progress", "monitor", "base_adapter", "output_dir", "validation_size",
         "validation_interval", "validation_eval", "group_filter", "over_sampling_prompts", "filter_settings",
-        "max_sampling_rounds",
+        "max_sampling_rounds", "steps_per_rollout",
     }
 )  # fmt: skip
 WARM_START_RECORD = "warm_start.json"

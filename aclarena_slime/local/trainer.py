@@ -62,7 +62,8 @@ class TrainSettings:
     temperature: float = 1.0
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
-    updates_per_step: int = 1
+    updates_per_step: int = 1  # passes over a step's rollouts (PPO epochs; the local backend's own)
+    minibatches: int = 1  # optimiser steps per pass, each on a contiguous part (slime's num_steps_per_rollout)
     micro_batch_size: int = 8
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
@@ -75,6 +76,8 @@ class TrainSettings:
             raise ValueError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.minibatches < 1:
+            raise ValueError(f"minibatches must be >= 1, got {self.minibatches!r}")
 
 
 def grpo_advantages(rewards: Sequence[float], groups: Sequence[int]) -> list[float]:
@@ -115,6 +118,19 @@ def advantage_figures(advantages: Sequence[float], groups: Sequence[int]) -> dic
         "groups_with_spread": sum(any(abs(a) > 1e-8 for a in g) for g in by_group.values()) / max(len(by_group), 1),
         "adv_std": (sum((a - mean) ** 2 for a in advantages) / n) ** 0.5 if n else 0.0,
     }
+
+
+def _tokens(samples: Sequence[TrainSample]) -> int:
+    """The loss-mask tokens of ``samples``: what a step's token mean divides by."""
+    return sum(sum(s.loss_mask) for s in samples)
+
+
+def _contiguous_parts(n: int, parts: int) -> list[tuple[int, int]]:
+    """``n`` samples split in order into ``parts`` (start, end) ranges as even as they go (slime's steps of
+    ``global_batch_size`` samples when ``n`` is the whole rollout); fewer when there are fewer samples."""
+    parts = max(1, min(parts, n))
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def _pass_sums(
@@ -194,57 +210,76 @@ class PolicyTrainer:
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One policy-gradient step on the step's rollouts; returns what happened, as plain numbers.
 
-        Besides the loss, the diagnostics of why a step does or does not learn (:func:`advantage_figures`,
-        and from the pass before the update: the policy's token entropy and its KL to the starting policy,
-        ``entropy`` and ``kl_to_start``; the first update's ``grad_norm``; ``clip_frac`` of the last update).
+        The rollouts' advantages are computed over the whole step; the samples are then split, in order, into
+        ``minibatches`` contiguous parts, one optimiser step each (slime's ``num_steps_per_rollout``: a step of
+        ``global_batch_size`` samples; after the first, the policy is off its rollouts and the clip can engage).
+        Besides the loss, the diagnostics of why a step does or does not learn (:func:`advantage_figures`, and
+        from the pass of the first optimiser step, before it updates: the policy's token entropy and its KL to the
+        starting policy, ``entropy`` and ``kl_to_start``, and its ``grad_norm``; ``clip_frac`` and ``loss`` of the
+        last). A part whose groups all score alike trains nothing and is skipped (``updates``: the optimiser steps
+        taken).
         """
         usable = [s for s in samples if s.response_length > 0 and sum(s.loss_mask) > 0]
         advantages = grpo_advantages([s.reward for s in usable], [s.group for s in usable])
-        n_tokens = sum(sum(s.loss_mask) for s in usable)
-        out = {"samples": float(len(usable)), "loss_tokens": float(n_tokens), "loss": 0.0, "clip_frac": 0.0}
+        out = {"samples": float(len(usable)), "loss_tokens": float(_tokens(usable)), "loss": 0.0, "clip_frac": 0.0}
         out.update(advantage_figures(advantages, [s.group for s in usable]))
+        out["updates"] = 0.0
         if not usable:
             out["skipped"] = 1.0
             return out
-        if out["nonzero_adv_frac"] == 0.0 and not self.settings.kl_coef:  # nothing to learn: one reward per group
-            with torch.no_grad():
-                out.update(self._measure(usable, advantages, n_tokens))
+        parts = _contiguous_parts(len(usable), self.settings.minibatches)
+        for epoch in range(self.settings.updates_per_step):
+            for part, (start, end) in enumerate(parts):
+                batch, adv = usable[start:end], advantages[start:end]
+                first = epoch == 0 and part == 0
+                if not self.settings.kl_coef and not any(abs(a) > 1e-8 for a in adv):  # one reward per group
+                    if first:
+                        with torch.no_grad():
+                            out.update(self._measure(batch, adv, _tokens(batch)))
+                    continue
+                self.model.train()
+                out.update(self._update(batch, adv, measure=first))
+                out["updates"] += 1.0
+        if out["updates"]:
+            self.model.eval()
+        else:
             out["skipped"] = 1.0
-            return out
-        self.model.train()
+        return out
+
+    def _update(self, batch: Sequence[TrainSample], advantages: Sequence[float], measure: bool) -> dict[str, float]:
+        """One optimiser step on the token mean of ``batch``'s loss; with ``measure``, the pass's figures before
+        the update (log-prob mismatch, entropy, KL to the start) and the grad norm too."""
+        n_tokens = _tokens(batch)
         size = self.settings.micro_batch_size
-        for update in range(self.settings.updates_per_step):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = clipped_sum = kl_sum = 0.0
-            before = {"logprob_mismatch": 0.0, "entropy": 0.0, "kl_to_start": 0.0}
-            for start in range(0, len(usable), size):
-                batch, adv = usable[start : start + size], advantages[start : start + size]
-                new_lp, old_lp, mask, adv_t, entropy = self._batch_log_probs(batch, adv)
-                loss, clipped = ppo_clipped_loss(
-                    new_lp, old_lp, adv_t, mask, self.settings.clip_eps_low, self.settings.clip_eps_high
-                )
-                if self.settings.kl_coef or update == 0:
-                    with torch.no_grad():
-                        ref_lp = self._batch_log_probs(batch, adv, self.reference)[0]
-                if self.settings.kl_coef:
-                    kl = (approx_kl(new_lp, ref_lp, self.settings.kl_loss_type) * mask).sum()
-                    loss = loss + self.settings.kl_coef * kl
-                    kl_sum += float(kl.detach())
-                (loss / n_tokens).backward()
-                loss_sum += float(loss.detach())
-                clipped_sum += float(clipped)
-                if update == 0:
-                    for key, value in _pass_sums(new_lp.detach(), old_lp, ref_lp, entropy, mask).items():
-                        before[key] += value
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
-            self.optimizer.step()
-            if update == 0:
-                out.update({key: value / n_tokens for key, value in before.items()})
-                out["grad_norm"] = float(grad_norm)
-            out["loss"], out["clip_frac"] = loss_sum / n_tokens, clipped_sum / n_tokens
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = clipped_sum = kl_sum = 0.0
+        before = {"logprob_mismatch": 0.0, "entropy": 0.0, "kl_to_start": 0.0}
+        for start in range(0, len(batch), size):
+            micro, adv = batch[start : start + size], advantages[start : start + size]
+            new_lp, old_lp, mask, adv_t, entropy = self._batch_log_probs(micro, adv)
+            loss, clipped = ppo_clipped_loss(
+                new_lp, old_lp, adv_t, mask, self.settings.clip_eps_low, self.settings.clip_eps_high
+            )
+            if self.settings.kl_coef or measure:
+                with torch.no_grad():
+                    ref_lp = self._batch_log_probs(micro, adv, self.reference)[0]
             if self.settings.kl_coef:
-                out["kl"] = kl_sum / n_tokens
-        self.model.eval()
+                kl = (approx_kl(new_lp, ref_lp, self.settings.kl_loss_type) * mask).sum()
+                loss = loss + self.settings.kl_coef * kl
+                kl_sum += float(kl.detach())
+            (loss / n_tokens).backward()  # micro-batches add up to the token mean of the optimiser step
+            loss_sum += float(loss.detach())
+            clipped_sum += float(clipped)
+            if measure:
+                for key, value in _pass_sums(new_lp.detach(), old_lp, ref_lp, entropy, mask).items():
+                    before[key] += value
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
+        self.optimizer.step()
+        out = {"loss": loss_sum / n_tokens, "clip_frac": clipped_sum / n_tokens}
+        if measure:
+            out.update({key: value / n_tokens for key, value in before.items()}, grad_norm=float(grad_norm))
+        if self.settings.kl_coef:
+            out["kl"] = kl_sum / n_tokens
         return out
 
     def sft_step(self, examples: Sequence[SftExample]) -> dict[str, float]:

@@ -139,6 +139,7 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     flags.add_section(dataclasses.asdict(recipe.checkpoint), "checkpoint")
     _data_flags(flags, recipe)
     if recipe.kind != "sft":
+        _check_global_batch(recipe)
         flags.add_section(dataclasses.asdict(recipe.rollout), "rollout")
     else:
         flags.add("rollout_batch_size", recipe.rollout.rollout_batch_size, "rollout.rollout_batch_size")
@@ -369,6 +370,23 @@ def _check_parallel_experts(recipe: StageRecipe, config: LoraConfig, flags: _Fla
         raise RecipeError(
             f"cluster.sglang.max_loras_per_batch={per_batch}: {config.num_adapters} experts and the base need "
             f"{config.num_adapters + 1} slots in one batch"
+        )
+
+
+def _check_global_batch(recipe: StageRecipe) -> None:
+    """What slime asserts of its optimiser batch, before a job starts: set once, and a rollout holds at least one."""
+    rollout = recipe.rollout
+    try:
+        per_update = rollout.samples_per_update()
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from exc
+    if per_update is None:
+        raise RecipeError("slime needs rollout.global_batch_size or rollout.num_steps_per_rollout")
+    rollouts = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+    if not 1 <= per_update <= rollouts:
+        raise RecipeError(
+            f"rollout.global_batch_size {per_update} is not between 1 and a rollout's {rollouts} samples "
+            f"(rollout_batch_size x n_samples_per_prompt): slime would train no step"
         )
 
 

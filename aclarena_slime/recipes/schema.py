@@ -157,7 +157,11 @@ class RolloutConfig:
     num_rollout: int = 300
     rollout_batch_size: int = 64
     n_samples_per_prompt: int = 8
-    global_batch_size: int = 512
+    # Samples per optimiser step: a rollout of rollout_batch_size x n_samples_per_prompt trains in that many
+    # contiguous steps. slime's other way to say it, num_steps_per_rollout, sets it when it is null (both set
+    # must agree, as slime asserts).
+    global_batch_size: int | None = 512
+    num_steps_per_rollout: int | None = None
     rollout_max_response_len: int = 4096
     # The whole context, prompt + response (slime's flag; the agent loop caps multi-turn episodes with it).
     rollout_max_context_len: int | None = None
@@ -165,6 +169,22 @@ class RolloutConfig:
     over_sampling_batch_size: int | None = None
     dynamic_sampling_filter_path: str | None = None
     balance_data: bool = True
+
+    def samples_per_update(self) -> int | None:
+        """slime's global batch: ``global_batch_size``, or the rollout's samples over ``num_steps_per_rollout``
+        (slime's rule, ``slime/utils/arguments.py``); None when neither is set."""
+        if self.num_steps_per_rollout is None:
+            return self.global_batch_size
+        if self.num_steps_per_rollout < 1:
+            raise ValueError(f"rollout.num_steps_per_rollout must be >= 1, got {self.num_steps_per_rollout}")
+        derived = self.rollout_batch_size * self.n_samples_per_prompt // self.num_steps_per_rollout
+        if self.global_batch_size is not None and self.global_batch_size != derived:
+            raise ValueError(
+                f"rollout.global_batch_size {self.global_batch_size} is not rollout_batch_size "
+                f"{self.rollout_batch_size} x n_samples_per_prompt {self.n_samples_per_prompt} // "
+                f"num_steps_per_rollout {self.num_steps_per_rollout} = {derived}; set one of them (slime asserts this)"
+            )
+        return derived
 
 
 @dataclass

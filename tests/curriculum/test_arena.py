@@ -152,6 +152,7 @@ def test_the_shipped_arena_file_composes_every_stage_and_method(tmp_path):
     configs = domain_configs(config)
     assert [c.env for c in configs] == ["math", "search", "retail", "ifeval"]
     assert [c.warm_start_steps for c in configs] == [400, 200, 0, 200]  # retail has no gold demos
+    assert [c.steps_per_rollout for c in configs] == [1, 1, 1, 1]  # the arena's sizes, not the env profiles' (IFEval: 2)
     for name in config.methods:
         written = tmp_path / f"{name}.yaml"
         written.write_text(yaml.safe_dump(method_curriculum(config, name, tmp_path / "base")[0]))

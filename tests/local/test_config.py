@@ -43,6 +43,8 @@ def test_round_trip_through_a_mapping():
         ("engine_port", 70000, "engine_port"),
         ("env_config", ["x"], "env_config"),
         ("response_budget", "per_episode", "aclarena_response_budget must be one of total, per_turn"),
+        ("steps_per_rollout", 0, "steps_per_rollout must be a positive integer"),
+        ("over_sampling_prompts", True, "over_sampling_prompts must be a positive integer"),
     ],
 )
 def test_bad_settings_are_named(field, value, words):

@@ -209,3 +209,41 @@ def test_the_kl_term_is_zero_at_the_reference_and_changes_the_loss_away_from_it(
         new, _, mask, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0])
         ref, _, _, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0], at_reference.reference)
     assert float((approx_kl(new, ref) * mask).sum()) == 0.0  # the reference is the policy the stage starts from
+
+
+def _two_groups(trainer):
+    """Two prompts' groups, contiguous, each with a reward spread."""
+    first = [rollout(trainer, [5, 6, 7], [40, 41, 42], 1.0, 0), rollout(trainer, [5, 6, 7], [90, 91], 0.0, 0)]
+    second = [rollout(trainer, [8, 9], [60, 61], 0.0, 1), rollout(trainer, [8, 9], [70], 1.0, 1)]
+    return first, second
+
+
+def test_minibatches_are_slimes_steps_per_rollout_one_optimiser_step_per_contiguous_part(tiny_model_dir):
+    """rollout.global_batch_size below a rollout's samples: slime trains the rollout in contiguous steps of that
+    many samples. Two parts of whole groups train exactly as the two halves stepped one after the other."""
+    lora_config = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
+    split = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, minibatches=2), lora_config, seed=0)
+    halves = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2), lora_config, seed=0)
+    first, second = _two_groups(split)
+    stats = split.step(first + second)
+    assert stats["updates"] == 2.0 and "skipped" not in stats
+    assert stats["logprob_mismatch"] < 1e-5  # measured on the first part, before any update: on-policy
+    halves.step(first)
+    halves.step(second)
+    for a, b in zip(split.params, halves.params, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    one = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2), lora_config, seed=0)
+    assert one.step(first + second)["updates"] == 1.0
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(one.params, split.params, strict=True))
+
+
+def test_a_part_whose_groups_all_score_alike_is_skipped(tiny_model_dir):
+    lora_config = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
+    trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, minibatches=2), lora_config, seed=0)
+    first, second = _two_groups(trainer)
+    uniform = [TrainSample(s.tokens, s.response_length, s.loss_mask, s.rollout_log_probs, 1.0, 0) for s in first]
+    stats = trainer.step(uniform + second)
+    assert stats["updates"] == 1.0 and "skipped" not in stats
+    assert "entropy" in stats and "grad_norm" not in stats  # the first part measured, not trained
+    with pytest.raises(ValueError, match="minibatches"):
+        TrainSettings(minibatches=0)

@@ -92,6 +92,9 @@ def test_the_local_profile_names_no_env_tag():
         ("algorithm.use_kl_loss=true algorithm.kl_loss_coef=0", "algorithm.kl_loss_coef"),
         ("rollout.dynamic_sampling_filter_path=my_pkg.filters.keep_long", "rollout.dynamic_sampling_filter_path"),
         ("rollout.over_sampling_batch_size=1", "rollout.over_sampling_batch_size must be at least"),
+        ("rollout.num_steps_per_rollout=3", "rollout.global_batch_size=21 does not divide a step's 64 rollouts"),
+        ("rollout.num_steps_per_rollout=null rollout.global_batch_size=128", "rollout.global_batch_size=128"),
+        ("rollout.global_batch_size=32", "rollout.global_batch_size 32 is not rollout_batch_size 8"),
         ("++cluster.local.steps=3", "Key 'steps' not in 'LocalBackendSettings'"),  # a recipe key: rollout.num_rollout
         ("++cluster.local.stepz=3", "Key 'stepz' not in 'LocalBackendSettings'"),
         ("++cluster.local.max_concurrency=0", "max_concurrency must be a positive integer"),
@@ -154,3 +157,20 @@ def test_the_recipes_dynamic_sampling_reaches_the_local_stage(tmp_path: Path, mo
     assert main([MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local",
                  f"rollout.dynamic_sampling_filter_path={filt}", "rollout.over_sampling_batch_size=16"]) == 0  # fmt: skip
     assert f"groups kept by {filt}, sampled 16 prompts a round, at most 4 rounds a step" in capsys.readouterr().out
+
+
+def test_the_recipes_optimiser_batch_reaches_the_local_stage(tmp_path: Path, monkeypatch, capsys):
+    """slime trains a rollout in steps of rollout.global_batch_size samples (the paper's math and IF stages: two of
+    2048 out of 256 x 16); the local profile takes one step per rollout (num_steps_per_rollout: 1), and either
+    key on the command line runs slime's split."""
+    monkeypatch.chdir(tmp_path)
+    plain = stage_sh_local(MATH)
+    assert plain.steps_per_rollout == 1  # 8 prompts x 8 samples, one optimiser step
+    two = stage_sh_local(MATH, "rollout.num_steps_per_rollout=2")
+    assert two.steps_per_rollout == 2
+    by_size = stage_sh_local(MATH, "rollout.num_steps_per_rollout=null", "rollout.global_batch_size=16")
+    assert by_size.steps_per_rollout == 4  # 64 rollouts of 16
+    paper = load_recipe(MATH, [f"paths.root={tmp_path}"]).rollout
+    assert paper.samples_per_update() == 2048 and 256 * 16 // 2048 == 2
+    assert main([MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local", "rollout.num_steps_per_rollout=2"]) == 0
+    assert "2 optimiser steps of 32 samples a step" in capsys.readouterr().out

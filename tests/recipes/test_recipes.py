@@ -121,9 +121,9 @@ def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path, monkeypa
 
 
 def test_override_changes_the_emitted_flag(tmp_path: Path):
-    _, command = compiled("stage1_math", "algorithm.lr=3e-6", "rollout.n_samples_per_prompt=4", tmp=tmp_path)
+    _, command = compiled("stage1_math", "algorithm.lr=3e-6", "rollout.n_samples_per_prompt=32", tmp=tmp_path)
     assert flag_value(command.train_args, "--lr") == ["3e-06"]
-    assert flag_value(command.train_args, "--n-samples-per-prompt") == ["4"]
+    assert flag_value(command.train_args, "--n-samples-per-prompt") == ["32"]
     _, command = compiled("stage1_math", "cluster=single_8", tmp=tmp_path)
     assert flag_value(command.train_args, "--actor-num-nodes") == ["1"]
 
@@ -295,3 +295,20 @@ def test_each_env_part_of_a_backend_profile_maps_onto_its_backend(path: Path, tm
         assert cfg.max_response_len == part["rollout"]["rollout_max_response_len"]
     for key, value in part.get("cluster", {}).get("local", {}).items():
         assert getattr(cfg, key) == value, key
+
+
+def test_the_optimiser_batch_is_checked_as_slime_asserts_it(tmp_path: Path):
+    """slime's global batch: global_batch_size, or the rollout's samples over num_steps_per_rollout; both set
+    must agree, and a rollout must hold one step (slime/utils/arguments.py, slime/utils/dp_schedule.py)."""
+    _, command = compiled("stage1_math", "rollout.global_batch_size=null", "++rollout.num_steps_per_rollout=4",
+                          tmp=tmp_path)  # fmt: skip
+    assert flag_value(command.train_args, "--num-steps-per-rollout") == ["4"]
+    assert "--global-batch-size" not in command.train_args  # slime derives it: 256 x 16 // 4
+    with pytest.raises(RecipeError, match="global_batch_size 2048 is not rollout_batch_size 256"):
+        compiled("stage1_math", "++rollout.num_steps_per_rollout=4", tmp=tmp_path)
+    with pytest.raises(RecipeError, match="2048 is not between 1 and a rollout's 1024 samples"):
+        compiled("stage1_math", "rollout.n_samples_per_prompt=4", tmp=tmp_path)
+    with pytest.raises(RecipeError, match="global_batch_size 0 is not between 1"):
+        compiled("stage1_math", "rollout.global_batch_size=0", tmp=tmp_path)
+    with pytest.raises(RecipeError, match="slime needs rollout.global_batch_size or rollout.num_steps_per_rollout"):
+        compiled("stage1_math", "rollout.global_batch_size=null", tmp=tmp_path)
