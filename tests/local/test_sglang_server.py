@@ -56,10 +56,13 @@ async def test_loads_count_requests_in_flight_and_abort_stops_them(server):
     queued = asyncio.ensure_future(
         call(server, "POST", "/generate", json={"input_ids": [4, 5], "sampling_params": params, "rid": "queued"})
     )
-    for _ in range(2000):  # until both are in (no clock involved: the count is what is asserted)
+    # A request that arrives mid-step waits for the next step boundary (as in SGLang's scheduler), so
+    # poll until both are admitted; on a slow machine the second is briefly counted as waiting.
+    for _ in range(2000):
         loads = (await call(server, "GET", "/v1/loads?include=core"))[1]["loads"]
-        if loads[0]["num_running_reqs"] + loads[0]["num_waiting_reqs"] == 2:
+        if loads[0]["num_running_reqs"] == 2:
             break
+        assert loads[0]["num_running_reqs"] + loads[0]["num_waiting_reqs"] <= 2
         await asyncio.sleep(0.01)
     # Both decode together (the engine batches every request in flight, up to max_running_requests).
     assert loads == [{**loads[0], "dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 0}]
