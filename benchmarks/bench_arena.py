@@ -9,7 +9,8 @@ seed), then prints the table over seeds (mean ± sample standard deviation), the
 the issue's two checks (sequential forgets: BWT <= -5 points or a maximum forgetting >= 10 points; MLE
 within 3 points of its oracle on every domain), where each method's time went (the stages' own timings: warm
 start, GRPO steps, the rest of the stage, the evaluation after it), the wall and CPU time with the machine's load, and writes
-``bench_arena.json`` and ``arena_heatmap_<method>.png`` (the mean matrices of sequential, replay and MLE) into --out.
+``bench_arena.json`` and ``arena_heatmap.png`` (the mean matrices of sequential, replay and MLE side by side: the README's
+figure) into --out.
 Accuracies are percent (points), as the matrix holds them. The tiny model's figures show the study's shape,
 not the paper's numbers. It replaces bench_comparison.py; that one's monitor-overhead table is not kept
 (the arena runs without the monitor, whose cost its own tests and docs/evaluation.md describe).
@@ -205,11 +206,10 @@ def main() -> None:
     console.print(f"{len(seeds)} seed(s): {wall / 60:.1f} min wall, {cpu / 60:.1f} min CPU, peak memory of a seed "
                   f"{peak:.1f} GB; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
                   f"({os.cpu_count()} cores)")  # fmt: skip
-    figures = [m for m in ("sequential", "replay", "mle") if m in methods]
-    for method in figures:
-        matrix = mean_matrix(out, seeds, method)
-        if matrix is not None:
-            plots.heatmap(matrix, out / f"arena_heatmap_{method}.png", {})
+    panels = [(f"{m} (mean of {len(seeds)} seeds)", matrix) for m in ("sequential", "replay", "mle")
+              if m in methods and (matrix := mean_matrix(out, seeds, m)) is not None]  # fmt: skip
+    if panels:
+        plots.heatmaps(panels, out / "arena_heatmap.png")
     report = {
         "seeds": seeds,
         "arena": str(args.arena),
@@ -231,7 +231,7 @@ def main() -> None:
         },  # fmt: skip
     }
     (out / "bench_arena.json").write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"files: {out}/bench_arena.json, {out}/arena_heatmap_*.png, {out}/seed_*/comparison/")
+    console.print(f"files: {out}/bench_arena.json, {out}/arena_heatmap.png, {out}/seed_*/comparison/")
 
 
 if __name__ == "__main__":

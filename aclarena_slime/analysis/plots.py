@@ -26,20 +26,34 @@ def _rows(matrix: ForgettingMatrix) -> tuple[list[str], np.ndarray]:
 
 def heatmap(matrix: ForgettingMatrix, path: str | Path, titles: Mapping[str, str] | None = None) -> Path:
     """Stage × domain accuracy, one annotated cell each; missing cells blank."""
-    labels, data = _rows(matrix)
-    columns = [(titles or {}).get(d, d) for d in matrix.domains]
-    fig, ax = plt.subplots(figsize=(1.3 * len(columns) + 2.5, 0.6 * len(labels) + 1.8))
-    image = ax.imshow(
-        np.ma.masked_invalid(data), cmap="viridis", aspect="auto", vmin=0, vmax=max(100.0, np.nanmax(data))
-    )
-    ax.set_xticks(range(len(columns)), labels=columns, rotation=30, ha="right")
-    ax.set_yticks(range(len(labels)), labels=labels)
-    for (i, j), value in np.ndenumerate(data):
-        if not np.isnan(value):
-            ax.text(j, i, f"{value:.1f}", ha="center", va="center", color="white" if value < 60 else "black")
-    ax.set_xlabel("evaluated domain")
-    ax.set_ylabel("after stage")
-    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    return heatmaps([("", matrix)], path, titles)
+
+
+def heatmaps(
+    panels: Sequence[tuple[str, ForgettingMatrix]], path: str | Path, titles: Mapping[str, str] | None = None
+) -> Path:
+    """Several methods' heatmaps side by side on one colour scale, each under its title: the comparison at a
+    glance (the README's figure is the arena benchmark's)."""
+    if not panels:
+        raise ValueError("heatmaps needs at least one (title, matrix) panel")
+    grids = [(title, matrix, *_rows(matrix)) for title, matrix in panels]
+    top = max(100.0, *(float(np.nanmax(data)) if np.isfinite(data).any() else 0.0 for *_, data in grids))
+    width = max(1.3 * len(matrix.domains) + 2.5 for _, matrix, *_ in grids)
+    height = max(0.6 * len(labels) + 1.8 for _, _, labels, _ in grids) + (0.4 if any(t for t, *_ in grids) else 0)
+    fig, axes = plt.subplots(1, len(grids), figsize=(width * len(grids), height), squeeze=False)
+    for ax, (title, matrix, labels, data) in zip(axes[0], grids, strict=True):
+        columns = [(titles or {}).get(d, d) for d in matrix.domains]
+        image = ax.imshow(np.ma.masked_invalid(data), cmap="viridis", aspect="auto", vmin=0, vmax=top)
+        ax.set_xticks(range(len(columns)), labels=columns, rotation=30, ha="right")
+        ax.set_yticks(range(len(labels)), labels=labels)
+        for (i, j), value in np.ndenumerate(data):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.1f}", ha="center", va="center", color="white" if value < 60 else "black")
+        ax.set_xlabel("evaluated domain")
+        ax.set_ylabel("after stage")
+        if title:
+            ax.set_title(title)
+        fig.colorbar(image, ax=ax, label="accuracy (%)")
     fig.tight_layout()
     return _save(fig, path)
 
