@@ -111,8 +111,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     values.update(kind=recipe.kind, weight_decay=algorithm.weight_decay, adam_beta1=algorithm.adam_beta1,
                   adam_beta2=algorithm.adam_beta2, kl_loss_type=algorithm.kl_loss_type,
                   kl_coef=algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0)  # fmt: skip
-    if recipe.kind == "rl":
-        values["steps_per_rollout"] = steps_per_rollout(recipe)
+    values["steps_per_rollout"] = steps_per_rollout(recipe)
     if algorithm.use_kl_loss and algorithm.kl_loss_coef <= 0:
         raise RecipeError(f"{recipe.name}: algorithm.use_kl_loss=true needs algorithm.kl_loss_coef > 0")
     if recipe.lora.enabled:
@@ -178,7 +177,8 @@ def local_config(recipe: StageRecipe) -> LocalStageConfig:
 
 
 def steps_per_rollout(recipe: StageRecipe) -> int:
-    """The optimiser steps a GRPO step takes: the rollout's samples over slime's global batch (one when neither
+    """The optimiser steps a GRPO step (or an SFT stage's epoch) takes: the rollout's samples over slime's global
+    batch (one when neither
     ``global_batch_size`` nor ``num_steps_per_rollout`` is set). A batch that does not divide the rollout is an
     error: slime refuses one larger than it and drops what an uneven split leaves over."""
     rollout = recipe.rollout
@@ -204,7 +204,10 @@ def local_plan(cfg: LocalStageConfig) -> str:
     if cfg.warm_start_steps:
         phases.append(f"warm start ({cfg.warm_start_steps} SFT steps on {cfg.warm_start_demos} gold demos)")
     if cfg.kind == "sft":
-        phases.append(f"SFT ({cfg.sft_epochs} epoch(s) on teacher rollouts kept by {cfg.sft_filter})")
+        sft = f"{cfg.sft_epochs} epoch(s) on teacher rollouts kept by {cfg.sft_filter}"
+        if cfg.steps_per_rollout > 1:
+            sft += f", {cfg.steps_per_rollout} optimiser steps an epoch"
+        phases.append(f"SFT ({sft})")
     else:
         grpo = f"{cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples"
         if cfg.dynamic_sampling:

@@ -63,7 +63,7 @@ from aclarena_slime.local.records import (
 )
 from aclarena_slime.local.sft import SftExample, SftSettings, frozen_copy, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, contiguous_parts
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens, run_sample, score_sample
 
@@ -333,7 +333,8 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
 
 async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
     """An SFT warm-start stage: the starting policy's rollouts on the stage's prompts (the teacher), kept by
-    the recipe's filter (the SFT data pipeline's rules), ``sft_epochs`` SFT steps on what is kept."""
+    the recipe's filter (the SFT data pipeline's rules), ``sft_epochs`` passes over what is kept, each in
+    ``steps_per_rollout`` optimiser steps on contiguous parts (slime's global batch, as a GRPO step takes it)."""
     await serve_policy(cfg, stage, trainer, loaded=False)
     split = stage_records(stage.env, cfg)
     limit = asyncio.Semaphore(cfg.max_concurrency)
@@ -343,8 +344,9 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
     examples = rollout_examples(kept)
     steps = []
     for epoch in range(cfg.sft_epochs if examples else 0):
-        stats = await asyncio.to_thread(trainer.sft_step, examples)
-        steps.append({"epoch": epoch, "samples": float(len(examples)), **stats})
+        for start, end in contiguous_parts(len(examples), cfg.steps_per_rollout):
+            stats = await asyncio.to_thread(trainer.sft_step, examples[start:end])
+            steps.append({"epoch": epoch, "samples": float(end - start), **stats})
     await serve_policy(cfg, stage, trainer, loaded=True)
     after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
     if trainer.full:

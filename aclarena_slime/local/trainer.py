@@ -125,9 +125,10 @@ def _tokens(samples: Sequence[TrainSample]) -> int:
     return sum(sum(s.loss_mask) for s in samples)
 
 
-def _contiguous_parts(n: int, parts: int) -> list[tuple[int, int]]:
+def contiguous_parts(n: int, parts: int) -> list[tuple[int, int]]:
     """``n`` samples split in order into ``parts`` (start, end) ranges as even as they go (slime's steps of
-    ``global_batch_size`` samples when ``n`` is the whole rollout); fewer when there are fewer samples."""
+    ``global_batch_size`` samples when ``n`` is the whole rollout; the GRPO step's and the SFT stage's optimiser
+    steps); fewer when there are fewer samples."""
     parts = max(1, min(parts, n))
     bounds = [round(i * n / parts) for i in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
@@ -227,7 +228,7 @@ class PolicyTrainer:
         if not usable:
             out["skipped"] = 1.0
             return out
-        parts = _contiguous_parts(len(usable), self.settings.minibatches)
+        parts = contiguous_parts(len(usable), self.settings.minibatches)
         for epoch in range(self.settings.updates_per_step):
             for part, (start, end) in enumerate(parts):
                 batch, adv = usable[start:end], advantages[start:end]

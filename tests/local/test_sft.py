@@ -8,6 +8,7 @@ import pytest
 
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.records import Sample
+from aclarena_slime.local.spec import local_plan
 from aclarena_slime.local.stage import keep, rollout_examples, run_stage, sft_filter
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSettings
 from aclarena_slime.lora.config import LoraConfig
@@ -64,4 +65,18 @@ def test_a_warm_start_stage_writes_an_adapter_the_next_stage_can_start_from(tmp_
     assert metrics["kept"] == metrics["filter"]["kept"] >= 1
     assert [step["epoch"] for step in metrics["steps"]] == [0, 1]
     assert json.loads((tmp_path / "sft" / "metrics.json").read_text())["kept"] == metrics["kept"]
+
+
+def test_an_sft_stage_takes_slimes_global_batch_one_optimiser_step_per_contiguous_part(tmp_path):
+    """rollout.num_steps_per_rollout (or global_batch_size) on an SFT stage: each epoch is that many optimiser
+    steps over the kept rollouts in order, as slime trains its SFT data (it used to be one step an epoch)."""
+    cfg = LocalStageConfig(
+        env="math", output_dir=str(tmp_path / "sft"), steps=1, prompts_per_step=2, samples_per_prompt=2,
+        eval_size=1, max_response_len=12, progress=False, torch_threads=1, kind="sft", sft_epochs=1,
+        steps_per_rollout=2, sft_filter={"min_reward": 0.0, "statuses": ["completed", "truncated"]},
+    )  # fmt: skip
+    metrics = run_stage(cfg)
+    assert metrics["kept"] == 4
+    assert [(step["epoch"], step["samples"]) for step in metrics["steps"]] == [(0, 2.0), (0, 2.0)]
+    assert "2 optimiser steps an epoch" in local_plan(cfg)
     assert (tmp_path / "sft" / "adapter" / "adapter_config.json").exists()

@@ -174,3 +174,5 @@ def test_the_recipes_optimiser_batch_reaches_the_local_stage(tmp_path: Path, mon
     assert paper.samples_per_update() == 2048 and 256 * 16 // 2048 == 2
     assert main([MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local", "rollout.num_steps_per_rollout=2"]) == 0
     assert "2 optimiser steps of 32 samples a step" in capsys.readouterr().out
+    warm = stage_sh_local(str(REPO / "recipes/stage2_search_sft.yaml"), "rollout.num_steps_per_rollout=2")
+    assert warm.kind == "sft" and warm.steps_per_rollout == 2  # an SFT stage takes slime's split too
