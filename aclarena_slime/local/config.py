@@ -107,8 +107,8 @@ class LocalStageConfig(LocalBackendSettings):
     group_filter: str | None = None
     over_sampling_prompts: int | None = None
     filter_settings: Mapping[str, Any] = field(default_factory=dict)
-    # Optimiser steps per GRPO step, each on a contiguous part of its rollouts, as slime trains a rollout
-    # (rollout.num_steps_per_rollout, or the rollouts over rollout.global_batch_size).
+    # Optimiser steps per GRPO step (an SFT stage: per epoch), each on a contiguous part of its rollouts, as slime
+    # trains a rollout (rollout.num_steps_per_rollout, or the rollouts over rollout.global_batch_size).
     steps_per_rollout: int = 1
     # The forgetting monitor (aclarena_slime.evaluation.monitor): the recipe's monitor section, MonitorSettings
     # fields (``domains``: the earlier env tags); the curriculum fills it. Empty: no monitor.

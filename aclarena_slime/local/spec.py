@@ -178,9 +178,8 @@ def local_config(recipe: StageRecipe) -> LocalStageConfig:
 
 def steps_per_rollout(recipe: StageRecipe) -> int:
     """The optimiser steps a GRPO step (or an SFT stage's epoch) takes: the rollout's samples over slime's global
-    batch (one when neither
-    ``global_batch_size`` nor ``num_steps_per_rollout`` is set). A batch that does not divide the rollout is an
-    error: slime refuses one larger than it and drops what an uneven split leaves over."""
+    batch (one when neither ``global_batch_size`` nor ``num_steps_per_rollout`` is set). A batch that does not
+    divide the rollout is an error: slime refuses one larger than it and drops what an uneven split leaves over."""
     rollout = recipe.rollout
     try:
         per_update = rollout.samples_per_update()

@@ -65,6 +65,7 @@ def test_a_warm_start_stage_writes_an_adapter_the_next_stage_can_start_from(tmp_
     assert metrics["kept"] == metrics["filter"]["kept"] >= 1
     assert [step["epoch"] for step in metrics["steps"]] == [0, 1]
     assert json.loads((tmp_path / "sft" / "metrics.json").read_text())["kept"] == metrics["kept"]
+    assert (tmp_path / "sft" / "adapter" / "adapter_config.json").exists()
 
 
 def test_an_sft_stage_takes_slimes_global_batch_one_optimiser_step_per_contiguous_part(tmp_path):
@@ -79,4 +80,3 @@ def test_an_sft_stage_takes_slimes_global_batch_one_optimiser_step_per_contiguou
     assert metrics["kept"] == 4
     assert [(step["epoch"], step["samples"]) for step in metrics["steps"]] == [(0, 2.0), (0, 2.0)]
     assert "2 optimiser steps an epoch" in local_plan(cfg)
-    assert (tmp_path / "sft" / "adapter" / "adapter_config.json").exists()
