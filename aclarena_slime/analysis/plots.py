@@ -37,9 +37,10 @@ def heatmaps(
     if not panels:
         raise ValueError("heatmaps needs at least one (title, matrix) panel")
     grids = [(title, matrix, *_rows(matrix)) for title, matrix in panels]
-    top = max(100.0, *(float(np.nanmax(data)) if np.isfinite(data).any() else 0.0 for *_, data in grids))
-    width = max(1.3 * len(matrix.domains) + 2.5 for _, matrix, *_ in grids)
-    height = max(0.6 * len(labels) + 1.8 for _, _, labels, _ in grids) + (0.4 if any(t for t, *_ in grids) else 0)
+    cells = np.concatenate([data.ravel() for *_, data in grids])
+    top = max(100.0, float(np.nanmax(cells))) if np.isfinite(cells).any() else 100.0
+    width = max(1.3 * len(matrix.domains) + 2.5 for _, matrix in panels)
+    height = max(0.6 * len(labels) + 1.8 for _, _, labels, _ in grids) + (0.4 if any(t for t, _ in panels) else 0)
     fig, axes = plt.subplots(1, len(grids), figsize=(width * len(grids), height), squeeze=False)
     for ax, (title, matrix, labels, data) in zip(axes[0], grids, strict=True):
         columns = [(titles or {}).get(d, d) for d in matrix.domains]
