@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -138,9 +139,35 @@ def require_gpus(
         sleep(5.0)
 
 
-def submit(argv: Sequence[str]) -> int:
-    """Run ``ray job submit ...``: it streams the job's logs and exits with the job's status."""
-    return subprocess.run([_ray(), *argv[1:]], check=False).returncode
+STOP_TIMEOUT_S = 120.0  # how long ``ray job stop`` may take (it waits for the job to end) before we give up on it
+
+
+def submission_id(name: str) -> str:
+    """A fresh Ray submission id for a stage's job, so the launcher can stop exactly that job."""
+    return f"aclarena-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def submit(argv: Sequence[str], submission: str | None = None) -> int:
+    """Run ``ray job submit ...``: it streams the job's logs and exits with the job's status. With
+    ``submission`` the job gets that id (``--submission-id``), which :func:`stop_job` takes."""
+    rest = list(argv[1:])
+    if submission is not None:
+        rest.insert(rest.index("submit") + 1, f"--submission-id={submission}")
+    return subprocess.run([_ray(), *rest], check=False).returncode
+
+
+def stop_job(dashboard: str, submission: str, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """``ray job stop`` the job ``submission`` on the head whose job API is ``dashboard`` (``http://IP:PORT``):
+    Ray stops its driver (SIGTERM, then SIGKILL), so ``ray job submit`` returns. Whether the stop was accepted;
+    never hangs past ``timeout_s``. Called when a service the job needs cannot be kept alive."""
+    argv = [_ray(), "job", "stop", f"--address={dashboard}", submission]
+    print(f"[ray] stopping job {submission}: {' '.join(argv)}", file=sys.stderr)
+    try:
+        done = subprocess.run(argv, check=False, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"[ray] ray job stop {submission} did not return in {timeout_s:.0f}s", file=sys.stderr)
+        return False
+    return done.returncode == 0
 
 
 def join_argv(head_ip: str, port: int, num_gpus: int | None, node_ip: str | None) -> list[str]:

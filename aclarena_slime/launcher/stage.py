@@ -127,17 +127,29 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
     if done:
         print(f"[stage] {done}", file=sys.stderr)
     log_dir = Path(recipe.run_dir) / "services"
-    started = []
+    started: list[Any] = []  # the watch replaces a restarted service's entry: what runs at the end is stopped
     try:
         for name, service in recipe.services.items():
             started.append(start_service(name, service, log_dir))
-        return _run_slime(recipe)
+        return _run_slime(recipe, started)
     finally:
         for running in reversed(started):
             stop_service(running)
 
 
-def _run_slime(recipe: StageRecipe) -> StageResult:
+def submit_watched(argv: list[str], dashboard: str, stage_name: str, services: list[Any]) -> tuple[int, str | None]:
+    """Submit the job while its services are watched (:class:`~aclarena_slime.launcher.services.ServiceWatch`):
+    one that dies past its restarts stops the job (``ray job stop``). The job's status and why it was stopped."""
+    from aclarena_slime.launcher import ray_job
+    from aclarena_slime.launcher.services import ServiceWatch
+
+    submission = ray_job.submission_id(stage_name)
+    with ServiceWatch(services, lambda why: ray_job.stop_job(dashboard, submission)) as watch:
+        status = ray_job.submit(argv, submission)
+    return status, watch.failure
+
+
+def _run_slime(recipe: StageRecipe, services: list[Any] | None = None) -> StageResult:
     from aclarena_slime.launcher import ray_job
     from aclarena_slime.recipes.compiler import compile_recipe
 
@@ -146,14 +158,18 @@ def _run_slime(recipe: StageRecipe) -> StageResult:
     command.write_custom_config()
     engines = "--debug-train-only" not in command.train_args
     # A head that answers (a curriculum's, or the user's) is reused and left up; one started here is stopped here.
+    dashboard = f"http://{ray.address}:{ray.dashboard_port}"
     with ray_job.held_head(ray, recipe.cluster.num_gpus_per_node):
         ray_job.require_gpus(ray, ray_job.gpus_needed(recipe.cluster, engines))
-        status = ray_job.submit(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
+        status, stopped = submit_watched(command.submit_argv(dashboard), dashboard, recipe.name, services or [])
     result = StageResult(status, "slime", checkpoint=recipe.checkpoint.save, hf_checkpoint=recipe.checkpoint.save_hf)
     read_monitor_report(result, command.custom_config.get("aclarena_monitor"))
     lora = command.custom_config.get("aclarena_lora")
     if lora is not None:
         _check_adapter(result, lora)
+    if stopped is not None:  # whatever the job said on its way out: it ran without a service it needs
+        result.status = result.status or 1
+        result.message = f"the job was stopped: {stopped}"
     return result
 
 

@@ -123,6 +123,12 @@ class ServiceConfig:
     ``command`` may use ``{host}`` and ``{port}``; ``ready_path`` is polled with GET until it answers.
     ``host`` null means the Ray head's address (loopback on one node, the routable address on several, so
     the RolloutManager reaches it from whichever node Ray placed it on).
+
+    The launcher keeps watching it for the whole job (:class:`aclarena_slime.launcher.services.ServiceWatch`):
+    every ``check_interval_s`` it polls ``ready_path``; a service whose process exited, or that has not
+    answered for ``unready_timeout_s``, is restarted up to ``max_restarts`` times in a job, and after that the
+    job is stopped naming the service and its last log lines (a dead retriever otherwise aborts every
+    episode and the stage trains on nothing). ``env`` is added to the process's environment (thread caps).
     """
 
     command: list[str] = MISSING
@@ -131,6 +137,18 @@ class ServiceConfig:
     ready_path: str = "/health"
     ready_timeout_s: float = 1800.0
     url: str = "http://${.host}:${.port}"
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 2
+    check_interval_s: float = 10.0
+    unready_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_restarts, int) and self.max_restarts < 0:
+            raise ValueError(f"services: max_restarts must be >= 0, got {self.max_restarts}")
+        for name in ("check_interval_s", "unready_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and value <= 0:
+                raise ValueError(f"services: {name} must be positive, got {value}")
 
 
 @dataclass

@@ -178,7 +178,7 @@ def _fake_slime_job(monkeypatch, write_adapter: bool) -> list[list[str]]:
 
     submitted: list[list[str]] = []
 
-    def submit(argv):
+    def submit(argv, submission=None):
         submitted.append(list(argv))
         custom = Path(argv[argv.index("--custom-config-path") + 1])
         lora = yaml.safe_load(custom.read_text())["aclarena_lora"]
@@ -218,7 +218,7 @@ def test_slime_full_stage_reports_its_hf_export(tmp_path: Path, monkeypatch):
 
     monkeypatch.setattr("aclarena_slime.launcher.ray_job.ensure_head", lambda ray, gpus: False)
     monkeypatch.setattr("aclarena_slime.launcher.ray_job.require_gpus", lambda ray, want: want)
-    monkeypatch.setattr("aclarena_slime.launcher.ray_job.submit", lambda argv: 0)
+    monkeypatch.setattr("aclarena_slime.launcher.ray_job.submit", lambda argv, submission=None: 0)
     recipe = load_recipe(REPO / "recipes/sdft_backbone.yaml", [f"paths.root={tmp_path}"])
     result = run_recipe(recipe, BackendChoice("slime", "test"))
     assert (result.status, result.adapter) == (0, None)
