@@ -35,7 +35,7 @@ LAYERS: list[set[str]] = [
         "worker_pool",
     },  # formats, clients (adapter_swap: the one way an engine's adapters change)
     {"plugin"},  # the env contract, registry and conformance kit
-    {"agent_loop", "rollout", "group_rewards", "parity"},  # the one shared rollout; engine vs trainer log-probs
+    {"agent_loop", "rollout", "group_rewards", "rollout_guard", "parity"},  # the one shared rollout; engine vs trainer log-probs
     {"lora", "router", "distill"},
     {"evaluation", "analysis"},  # suites, the runner, the forgetting monitor; tables and plots
     {"slime_edge"},  # every function slime loads by dotted path (the monitor's eval hook among them)

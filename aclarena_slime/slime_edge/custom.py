@@ -22,6 +22,7 @@ from aclarena_slime.distill.mopd import MopdSettings
 from aclarena_slime.group_rewards import FilterSettings
 from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.rollout import response_budget_mode
+from aclarena_slime.rollout_guard import GuardSettings
 from aclarena_slime.tis import TisSettings
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class CustomConfig:
     aclarena_replay: ReplaySettings | None = None  # replay of earlier domains (set by the curriculum)
     aclarena_balance_key: str | None = None  # the metadata key the balanced data source splits on
     aclarena_sft_filter: SftFilterSettings | None = None  # an SFT warm start's teacher-rollout filter
+    # When a run stops for what its rollouts produce (rollout_guard); None: the defaults, which always apply.
+    aclarena_guards: GuardSettings | None = None
 
     def __post_init__(self) -> None:
         response_budget_mode(self.aclarena_response_budget)  # a misspelt budget fails when the recipe composes
@@ -105,6 +108,10 @@ def response_budget(args: Any) -> str:
 
 def filters(args: Any) -> FilterSettings:
     return _section(args, "aclarena_filters", FilterSettings) or FilterSettings()
+
+
+def guards(args: Any) -> GuardSettings:
+    return _section(args, "aclarena_guards", GuardSettings) or GuardSettings()
 
 
 def tis(args: Any) -> TisSettings:

@@ -5,7 +5,7 @@ What they read from ``args``: ``sglang_router_ip`` / ``sglang_router_port`` (the
 ``rollout_max_context_len`` / ``eval_max_context_len``, ``reward_key``, the group-normalization flags,
 and from the custom config ``aclarena_env_config`` ({tag: env settings}), ``aclarena_experts`` (an
 ``experts.json`` path or {tag: adapter}: requests carry ``lora_path`` = the expert of the sample's env),
-``aclarena_response_budget``, ``aclarena_filters``, and ``aclarena_lora`` (with ``staleness_budget`` set, each
+``aclarena_response_budget``, ``aclarena_filters``, ``aclarena_guards``, and ``aclarena_lora`` (with ``staleness_budget`` set, each
 episode is pinned to the adapter version current when it starts, read from the ledger in ``sync_dir``).
 
 **One rollout context per process.** Slime loads the generate function by dotted path at every call
@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from aclarena_slime import group_rewards
+from aclarena_slime import group_rewards, rollout_guard
 from aclarena_slime.adapter_swap import AdapterLedger
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.lora.config import LoraConfig
@@ -158,23 +158,52 @@ def group_normalization(args: Any) -> group_rewards.GroupNormalization:
     )
 
 
+_health: tuple[Any, rollout_guard.RolloutHealth] | None = None  # the run's args and its batches so far
+_refill: tuple[Any, rollout_guard.RefillBound] | None = None  # the run's args and the filter's drops in a row
+
+
+def rollout_health(args: Any) -> rollout_guard.RolloutHealth:
+    """The training batches of the run of ``args`` (one RolloutManager process, one run)."""
+    global _health
+    if _health is None or _health[0] is not args:
+        _health = (args, rollout_guard.RolloutHealth(custom.guards(args)))
+    return _health[1]
+
+
+def refill_bound(args: Any) -> rollout_guard.RefillBound:
+    """The group filter's drops in a row for the run of ``args``; a round is what slime asks its data source
+    for each time it refills (``over_sampling_batch_size``, else ``rollout_batch_size`` groups)."""
+    global _refill
+    if _refill is None or _refill[0] is not args:
+        size = getattr(args, "over_sampling_batch_size", None) or getattr(args, "rollout_batch_size", None) or 1
+        _refill = (args, rollout_guard.RefillBound(custom.guards(args), round_size=int(size)))
+    return _refill[1]
+
+
 def reward_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[float], list[float]]:
     """slime ``--custom-reward-post-process-path``: ``(raw_rewards, rewards)`` as slime's default computes
-    them, except that removed samples stay out of their group's mean and std and get 0.0."""
+    them, except that removed samples stay out of their group's mean and std and get 0.0.
+
+    slime calls it once per training batch, which makes it the place to see a batch whole: one that lost
+    most of its samples is logged at WARNING, and several in a row stop the job (:mod:`rollout_guard`)."""
+    rollout_health(args).observe(samples)
     key = getattr(args, "reward_key", None)
     raw = [group_rewards.reward_value(sample, key) for sample in samples]
     return raw, group_rewards.normalized_rewards(samples, raw, group_normalization(args))
 
 
 def drop_no_tool(args: Any, samples: list[Any], **_: Any) -> Any:
-    """slime ``--dynamic-sampling-filter-path``: the authors' no-tool filter (``group_rewards.drop_no_tool``)."""
+    """slime ``--dynamic-sampling-filter-path``: the authors' no-tool filter (``group_rewards.drop_no_tool``);
+    too many groups dropped in a row stop the job (:func:`refill_bound`: slime's refill loop has no cap)."""
     keep, reason = group_rewards.drop_no_tool(samples, custom.filters(args).max_no_tool_fraction)
+    refill_bound(args).judged(keep, reason)
     return filter_output(keep, reason)
 
 
 def task_reward_nonzero_std(args: Any, samples: list[Any], **_: Any) -> Any:
     """slime ``--dynamic-sampling-filter-path``: keep a group only if its task outcomes differ."""
     keep, reason = group_rewards.task_reward_nonzero_std(samples, getattr(args, "reward_key", None))
+    refill_bound(args).judged(keep, reason)
     return filter_output(keep, reason)
 
 
