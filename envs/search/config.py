@@ -39,6 +39,8 @@ class SearchConfig:
     max_turn_chars: int = 65_536
     breakdown_answer_chars: int = 1000
     retriever_timeout_s: float = 30.0
+    retriever_retries: int = 3  # a failed or reset connection is tried again this many times, with back-off
+    retriever_max_bytes: int = 4 << 20  # the most of a reply the client reads (a top-3 of passages is a few KB)
     instruction: str = INSTRUCTION
     e5_model: str | None = None  # with corpus: E5 dense retrieval (e5.py), the authors' retriever
     protocol: str = "search_r1"  # or "tool_call": the ACLArena authors' JSON tool call (tool_episode.py)
@@ -47,10 +49,14 @@ class SearchConfig:
     def from_mapping(cls, config: Mapping[str, Any]) -> SearchConfig:
         """Raises ValueError naming the key for unknown keys and bad values."""
         cfg = from_mapping(cls, config, "config keys of the search env")
-        for name in ("topk", "max_turns", "max_query_chars", "max_turn_chars", "breakdown_answer_chars"):
+        for name in ("topk", "max_turns", "max_query_chars", "max_turn_chars", "breakdown_answer_chars",
+                     "retriever_max_bytes"):  # fmt: skip
             value = getattr(cfg, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"search env: {name} must be a positive integer, got {value!r}")
+        retries = cfg.retriever_retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"search env: retriever_retries must be an integer >= 0, got {retries!r}")
         if cfg.reward not in REWARDS:
             raise ValueError(f"search env: reward must be one of {REWARDS}, got {cfg.reward!r}")
         if (

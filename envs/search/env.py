@@ -65,7 +65,9 @@ log = logging.getLogger(__name__)
 def build_retriever(cfg: SearchConfig) -> Retriever:
     """The one place that turns configuration into a retriever (blocking: may build an index)."""
     if cfg.retriever_url:
-        return RemoteRetriever(cfg.retriever_url, timeout_s=cfg.retriever_timeout_s)
+        return RemoteRetriever(
+            cfg.retriever_url, cfg.retriever_timeout_s, retries=cfg.retriever_retries, max_bytes=cfg.retriever_max_bytes
+        )
     if cfg.corpus and (cfg.encoder or cfg.e5_model):
         from .e5 import dense_encoder  # the dense retriever's encoder: loaded by the runs that use one
 

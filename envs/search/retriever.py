@@ -263,12 +263,22 @@ class BM25Retriever:
 
 
 class RemoteRetriever:
-    """A client of a Search-R1 retrieval server (``POST /retrieve``), ours or the original."""
+    """A client of a Search-R1 retrieval server (``POST /retrieve``), ours or the original.
 
-    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+    A connection that fails or is reset (the server restarting, an overloaded proxy) is tried again
+    ``retries`` times, waiting ``backoff_s`` and then twice as long each time; a search that still fails is
+    logged at WARNING and counted (:attr:`failures`), and its episode aborts. A reply is read only up to
+    ``max_bytes``: a huge passage would otherwise be read and tokenized whole on the rollout's event loop.
+    """
+
+    def __init__(
+        self, url: str, timeout_s: float = 30.0, retries: int = 3, backoff_s: float = 0.5, max_bytes: int = 4 << 20
+    ) -> None:
         url = url.rstrip("/")
         self.url = url if url.endswith("/retrieve") else url + "/retrieve"
         self.timeout_s = timeout_s
+        self.retries, self.backoff_s, self.max_bytes = retries, backoff_s, max_bytes
+        self.failures = 0  # searches that failed for good (their episodes aborted)
         self._session: Any = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
 
@@ -286,18 +296,48 @@ class RemoteRetriever:
             )
         payload = {"queries": list(queries), "topk": topk, "return_scores": True}
         try:
-            async with self._session.post(self.url, json=payload) as resp:
-                if resp.status != 200:
-                    raise RetrieverError(f"retriever {self.url} answered {resp.status}: {(await resp.text())[:300]}")
-                body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
-            raise RetrieverError(f"retriever {self.url} failed: {exc!r}") from exc
+            body = await self._post(payload)
+        except RetrieverError as exc:
+            self.failures += 1
+            log.warning("%s (%d searches failed so far; their episodes abort)", exc, self.failures)
+            raise
         return _parse_result(body, len(queries), self.url)
+
+    async def _post(self, payload: dict[str, Any]) -> Any:
+        """One search, with a connection that fails or is reset tried again; the decoded reply."""
+        import aiohttp
+
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                async with self._session.post(self.url, json=payload) as resp:
+                    if resp.status != 200:
+                        raise RetrieverError(f"retriever {self.url} answered {resp.status}: {(await resp.text())[:300]}")
+                    return json.loads(await _read_capped(resp, self.max_bytes, f"retriever {self.url}"))
+            except aiohttp.ClientConnectionError as exc:  # refused, reset, disconnected: worth another try
+                error = exc
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                raise RetrieverError(f"retriever {self.url} failed: {exc!r}") from exc
+        raise RetrieverError(f"retriever {self.url} failed after {self.retries + 1} attempts: {error!r}") from error
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
         self._session = self._session_loop = None
+
+
+async def _read_capped(resp: Any, max_bytes: int, who: str) -> bytes:
+    """An aiohttp response's body, refused (:class:`RetrieverError`) once it passes ``max_bytes``."""
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        raise RetrieverError(f"{who} sent {resp.content_length} bytes, more than {max_bytes} bytes (retriever_max_bytes)")
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > max_bytes:
+            raise RetrieverError(f"{who} sent more than {max_bytes} bytes (retriever_max_bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _parse_result(body: Any, n_queries: int, url: str) -> list[list[Hit]]:
