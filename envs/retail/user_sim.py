@@ -10,6 +10,8 @@ text) raises :class:`~aclarena_slime.plugin.contract.EpisodeAborted`: the episod
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import textwrap
 from abc import ABC, abstractmethod
@@ -21,6 +23,8 @@ import aiohttp
 
 from aclarena_slime.plugin.contract import EpisodeAborted
 from aclarena_slime.plugin.settings import from_mapping
+
+log = logging.getLogger(__name__)
 
 #: The end markers and the episode end reason each one gives.
 STOP_MARKERS = {"###STOP###": "user_stop", "###TRANSFER###": "user_transfer", "###OUT-OF-SCOPE###": "user_out_of_scope"}
@@ -122,6 +126,7 @@ class LLMUserSettings:
     backoff_s: float = 1.0
     extra_body: dict[str, Any] | None = None
     think_end: str = "</think>"
+    max_reply_bytes: int = 1 << 20  # the most of one reply read; a customer's turn is a few hundred bytes
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> LLMUserSettings:
@@ -140,6 +145,7 @@ class LLMUserSettings:
             "backoff_s": _number(self.backoff_s) and self.backoff_s >= 0,
             "extra_body": self.extra_body is None or isinstance(self.extra_body, Mapping),
             "think_end": isinstance(self.think_end, str),
+            "max_reply_bytes": _integer(self.max_reply_bytes) and self.max_reply_bytes > 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -160,7 +166,8 @@ class LLMUser(UserSimulator):
     ``base_url`` ends before ``/chat/completions`` (e.g. ``http://host:30001/v1``). The API key, if any,
     is read from the environment variable named by ``api_key_env``, never from the config itself.
     Connection errors, timeouts, 429 and 5xx answers are retried ``retries`` times, waiting ``backoff_s``
-    and then twice as long each time, before the episode aborts.
+    and then twice as long each time, before the episode aborts (logged at WARNING and counted in
+    :attr:`failures`). A reply is read only up to ``max_reply_bytes``.
     """
 
     def __init__(
@@ -176,6 +183,7 @@ class LLMUser(UserSimulator):
         backoff_s: float = 1.0,
         extra_body: Mapping[str, Any] | None = None,
         think_end: str = "</think>",
+        max_reply_bytes: int = 1 << 20,
     ) -> None:
         if not base_url or not model:
             raise ValueError("the LLM user simulator needs base_url and model")
@@ -184,6 +192,8 @@ class LLMUser(UserSimulator):
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.retries, self.backoff_s = retries, backoff_s
         self.extra_body, self.think_end = dict(extra_body or {}), think_end
+        self.max_reply_bytes = max_reply_bytes
+        self.failures = 0  # replies that failed for good (their episodes aborted)
         self.headers = {}
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -237,12 +247,28 @@ class LLMUser(UserSimulator):
                         raise EpisodeAborted(
                             f"user simulator refused the request: HTTP {resp.status}: {(await resp.text())[:200]}"
                         )
-                    payload = await resp.json(content_type=None)
+                    payload = json.loads(await self._read(resp))
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 continue
             return self._text(payload)
-        raise EpisodeAborted(f"user simulator at {self.url} failed after {self.retries + 1} attempts: {error}")
+        self.failures += 1
+        message = f"user simulator at {self.url} failed after {self.retries + 1} attempts: {error}"
+        log.warning("%s (%d replies failed so far; their episodes abort)", message, self.failures)
+        raise EpisodeAborted(message)
+
+    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The reply's body; an episode abort once it passes ``max_reply_bytes`` (not worth a retry)."""
+        cap = self.max_reply_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            raise EpisodeAborted(f"user simulator sent {resp.content_length} bytes, more than {cap} bytes (max_reply_bytes)")
+        chunks, size = [], 0
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > cap:
+                raise EpisodeAborted(f"user simulator sent more than {cap} bytes (max_reply_bytes)")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _text(self, payload: Any) -> str:
         try:
