@@ -193,12 +193,12 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
             return _ended(traj, FAILED, "env_error", f"step returned {type(result).__name__}, not Observation or Done")
         if turn + 1 == max_turns:
             break
+        room, limit = settings.room(traj)
         try:
-            observation = valid_unicode(result.messages)
+            observation = cut_observation(valid_unicode(result.messages), room)
             obs_ids = chat.observation_ids(observation, ids[-1] if ids else None)
         except Exception as exc:  # noqa: BLE001
             return _render_failed(env, traj, "observation", exc)
-        room, limit = settings.room(traj)
         traj.messages += observation
         traj.add(obs_ids[: max(room, 0)], None, trainable=False)
         if len(obs_ids) >= room:
@@ -228,3 +228,16 @@ def _render_failed(env: Environment, traj: Trajectory, what: str, exc: Exception
 def _ended(traj: Trajectory, status: str, reason: str, error: str | None) -> Trajectory:
     traj.status, traj.end_reason, traj.error = status, reason, error
     return traj
+
+
+_CHARS_PER_TOKEN = 16  # well above any text's average (English runs near 4): a cut never binds before the room
+
+
+def cut_observation(messages: list[dict[str, Any]], room: int) -> list[dict[str, Any]]:
+    """``messages`` with each text cut to ``room`` tokens' worth of characters, before it is tokenized: a
+    20 MB passage or reply would otherwise be tokenized whole on the rollout's event loop, stalling it."""
+    cap = max(room, 0) * _CHARS_PER_TOKEN
+    return [
+        {**m, "content": m["content"][:cap]} if isinstance(m.get("content"), str) and len(m["content"]) > cap else m
+        for m in messages
+    ]
