@@ -168,3 +168,47 @@ def test_stop_job_never_hangs(tmp_path: Path, monkeypatch):
     started = time.monotonic()
     assert ray_job.stop_job("http://127.0.0.1:8265", "aclarena-x", timeout_s=0.5) is False
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.slow
+def test_a_user_simulator_killed_mid_job_stops_the_job_instead_of_spinning(tmp_path: Path, fake_ray: Path):
+    """The local engine stands in for the user simulator (an OpenAI-compatible server, as under ``--smoke``):
+    it answers the simulator's client, dies, and the job is stopped naming it."""
+    import asyncio
+
+    from aclarena_envs.retail.user_sim import LLMUser
+    from aclarena_slime.local.tiny_model import save_tiny_checkpoint
+    from aclarena_slime.plugin.contract import EpisodeAborted
+
+    model = save_tiny_checkpoint(tmp_path / "tiny", with_model=True)
+    port = _free_port()
+    service = ServiceConfig(
+        command=["{python}", "-m", "aclarena_slime", "local", "serve-engine", "--model", str(model),
+                 "--host", "{host}", "--port", "{port}", "--served-name", "user_sim"],
+        host="127.0.0.1", port=port, ready_path="/health", ready_timeout_s=120.0, url=f"http://127.0.0.1:{port}",
+        max_restarts=0, check_interval_s=0.2, unready_timeout_s=2.0,
+    )  # fmt: skip
+
+    async def reply() -> str:
+        sim = LLMUser(f"{service.url}/v1", "user_sim", max_tokens=4, retries=0)
+        try:
+            return await sim.session("a customer").reply("hello")
+        finally:
+            await sim.aclose()
+
+    running = [services.start_service("user_sim", service, tmp_path / "logs", 0.2)]
+    try:
+        assert isinstance(asyncio.run(reply()), str)
+        _kill_when_ready(running[0])
+        with pytest.raises(EpisodeAborted):  # every retail episode now aborts: the filter would drop every group
+            asyncio.run(reply())
+        started = time.monotonic()
+        status, stopped = submit_watched(["ray", "job", "submit", "--", "python", "train.py"],
+                                         "http://127.0.0.1:8265", "stage3_retail", running)  # fmt: skip
+        took = time.monotonic() - started
+    finally:
+        for one in running:
+            services.stop_service(one)
+    assert status != 0 and took < 30
+    assert stopped is not None and stopped.startswith("service user_sim exited with status -9")
+    assert "[serve-engine] serving" in stopped
