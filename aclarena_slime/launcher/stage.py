@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from aclarena_slime.launcher.backend import BackendChoice, BackendUnavailable, c
 from aclarena_slime.recipes.addresses import AddressError, nodes_needed, require_head_address
 from aclarena_slime.recipes.compose import Adjust, RecipeError, load_recipe
 from aclarena_slime.recipes.schema import StageRecipe
+
+STOP_TRIES = 3  # ``ray job stop`` attempts when a service the job needs is beyond repair
 
 
 @dataclass
@@ -144,7 +147,16 @@ def submit_watched(argv: list[str], dashboard: str, stage_name: str, services: l
     from aclarena_slime.launcher.services import ServiceWatch
 
     submission = ray_job.submission_id(stage_name)
-    with ServiceWatch(services, lambda why: ray_job.stop_job(dashboard, submission)) as watch:
+
+    def stop(_why: str) -> None:  # a job not yet registered, or a busy head: a few tries, then say so
+        for _ in range(STOP_TRIES):
+            if ray_job.stop_job(dashboard, submission):
+                return
+            time.sleep(5.0)
+        print(f"[stage] could not stop job {submission}: stop it with ray job stop --address={dashboard} "
+              f"{submission}", file=sys.stderr)  # fmt: skip
+
+    with ServiceWatch(services, stop) as watch:
         status = ray_job.submit(argv, submission)
     return status, watch.failure
 

@@ -141,6 +141,9 @@ def _check_choices(recipe: StageRecipe, source: str) -> None:
     for name, service in recipe.services.items():
         if not service.command:
             raise RecipeError(f"{source}: services.{name}.command is empty")
+        if service.max_restarts < 0 or service.check_interval_s <= 0 or service.unready_timeout_s <= 0:
+            raise RecipeError(f"{source}: services.{name}: max_restarts must be >= 0, check_interval_s and "
+                              "unready_timeout_s positive")  # fmt: skip
     if recipe.kind != "sft" and recipe.data.env not in recipe.env_config:
         raise RecipeError(
             f"{source}: no env_config for the data's env tag {recipe.data.env!r} (add env@env_config.TAG: TAG)"

@@ -142,14 +142,6 @@ class ServiceConfig:
     check_interval_s: float = 10.0
     unready_timeout_s: float = 120.0
 
-    def __post_init__(self) -> None:
-        if isinstance(self.max_restarts, int) and self.max_restarts < 0:
-            raise ValueError(f"services: max_restarts must be >= 0, got {self.max_restarts}")
-        for name in ("check_interval_s", "unready_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, (int, float)) and value <= 0:
-                raise ValueError(f"services: {name} must be positive, got {value}")
-
 
 @dataclass
 class DataConfig:

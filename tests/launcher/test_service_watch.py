@@ -134,6 +134,14 @@ def test_the_retriever_service_runs_with_the_authors_thread_caps():
     assert env == {"OMP_NUM_THREADS": "32", "OPENBLAS_NUM_THREADS": "32", "MKL_NUM_THREADS": "32"}
 
 
+def test_bad_watch_settings_are_refused_naming_the_service(tmp_path: Path):
+    from aclarena_slime.recipes.compose import RecipeError, load_recipe
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "stage2_search.yaml"
+    with pytest.raises(RecipeError, match=r"services\.retriever: max_restarts must be >= 0"):
+        load_recipe(recipe, [f"paths.root={tmp_path}", "services.retriever.max_restarts=-1"])
+
+
 def test_the_service_sees_its_env(tmp_path: Path):
     port = _free_port()
     service = ServiceConfig(
