@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.launcher.services import start_service, stop_service
+from aclarena_slime.launcher.services import ServiceWatch, start_service, stop_service
 from aclarena_slime.launcher.stage import normalise_overrides
 from aclarena_slime.recipes.compiler import SlimeCommand, compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
@@ -229,6 +229,10 @@ def service_for_smoke(service: Any, roots: Sequence[str], demo: bool, port: int)
         ready_path=service.ready_path,
         ready_timeout_s=min(service.ready_timeout_s, 300.0),
         url=f"http://127.0.0.1:{port}",
+        env=dict(service.env),  # the retriever's thread caps
+        max_restarts=service.max_restarts,  # watched as on a cluster (services.ServiceWatch)
+        check_interval_s=min(service.check_interval_s, 2.0),
+        unready_timeout_s=min(service.unready_timeout_s, 30.0),
     )
 
 
@@ -503,8 +507,13 @@ def run_smoke(settings: SmokeSettings) -> int:
         head = RayHead.start(python, work, head_env, rng)
         stack.append(head)
         engine_offset = engine_run.log_path.stat().st_size  # what came before is the launcher's own polling
-        status = submit(python, head, env, [python, str(script), *argv], work / "job.log",
-                        settings.timeout_s)  # fmt: skip
+        watched = [item for item in stack if not isinstance(item, RayHead) and item is not engine_run]
+        # a recipe service that dies past its restarts ends the job with the smoke's private head
+        with ServiceWatch(watched, lambda why: head.stop()) as watch:
+            status = submit(python, head, env, [python, str(script), *argv], work / "job.log",
+                            settings.timeout_s)  # fmt: skip
+        if watch.failure is not None:
+            raise SmokeError(f"the job was stopped: {watch.failure}")
     report = smoke_report.build_report(
         dump=dump,
         job_log=work / "job.log",

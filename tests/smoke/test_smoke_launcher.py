@@ -94,6 +94,9 @@ def test_a_service_reading_the_data_folder_gets_demo_data_and_a_free_port():
     assert demo.url == "http://127.0.0.1:4321" and "{port}" in demo.command
     kept = smoke.service_for_smoke(service, roots, demo=False, port=4321)
     assert "--corpus" in kept.command and "--demo" not in kept.command
+    # watched as on a cluster, with the retriever's thread caps
+    assert demo.env == {"OMP_NUM_THREADS": "32", "OPENBLAS_NUM_THREADS": "32", "MKL_NUM_THREADS": "32"}
+    assert demo.max_restarts == service.max_restarts and demo.check_interval_s <= service.check_interval_s
     config = compile_recipe(recipe).custom_config
     moved = smoke.rebind_urls(config, {service.url: demo.url})
     assert moved["aclarena_env_config"]["search"]["retriever_url"] == "http://127.0.0.1:4321/retrieve"
