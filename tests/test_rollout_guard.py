@@ -123,3 +123,11 @@ def test_guard_settings_are_checked_and_reach_slime(tmp_path: Path):
     assert compile_recipe(recipe).custom_config["aclarena_guards"]["max_bad_rollouts"] == 5
     with pytest.raises(RecipeError, match="max_refil"):
         load_recipe(REPO / "recipes/stage2_search.yaml", [f"paths.root={tmp_path}", "+custom.aclarena_guards.max_refil=5"])
+
+
+def test_mopd_batches_are_guarded_too():
+    from aclarena_slime.slime_edge.mopd import mopd_post_process
+
+    args = _args(aclarena_guards={"max_bad_rollouts": 1})
+    with pytest.raises(RolloutsLost, match="teacher"):
+        mopd_post_process(args, [_aborted(g, "teacher http://t:1 failed") for g in range(4) for _ in range(4)])

@@ -14,7 +14,7 @@ from aclarena_slime import group_rewards
 from aclarena_slime.distill import mopd
 from aclarena_slime.rollout import env_tag, score_sample
 from aclarena_slime.slime_edge import custom
-from aclarena_slime.slime_edge.rollout import group_normalization, rollout_context
+from aclarena_slime.slime_edge.rollout import group_normalization, rollout_context, rollout_health
 
 _tables: tuple[Any, mopd.TeacherTable] | None = None  # (args, its table): one run per process
 
@@ -52,7 +52,9 @@ def mopd_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[flo
     """slime ``--custom-reward-post-process-path``: ``(raw_rewards, rewards)``, teacher log-probs guaranteed.
 
     Rewards are group-normalized as slime does for GRPO-style estimators, over the kept samples only
-    (a dropped sample must not shift its group's baseline); dropped samples get 0.0.
+    (a dropped sample must not shift its group's baseline); dropped samples get 0.0. A batch that lost most of
+    its samples (a dead teacher or env service) raises the alarm, as ``reward_post_process`` does.
     """
+    rollout_health(args).observe(samples)
     raw = mopd.raw_rewards(samples, getattr(args, "reward_key", None))
     return raw, group_rewards.normalized_rewards(samples, raw, group_normalization(args))
