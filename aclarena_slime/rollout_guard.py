@@ -14,7 +14,7 @@ tool) the group filter drops every group and slime's dynamic-sampling loop
   ``max_refill_rounds`` rounds' worth of groups dropped in a row raise :class:`RefillExhausted`.
 
 Either error ends slime's rollout, so the Ray job fails with the message. The settings are a recipe's
-``custom.aclarena_guards`` (:class:`GuardSettings`).
+``custom.aclarena_guards`` (:class:`~aclarena_slime.group_rewards.GuardSettings`, beside the filters' own).
 """
 
 from __future__ import annotations
@@ -26,35 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aclarena_slime.agent_loop import ABORTED, FAILED
+from aclarena_slime.group_rewards import GuardSettings
 from aclarena_slime.rollout import RECORD_KEY
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GuardSettings:
-    """When a run stops for what its rollouts produce; the defaults stop a dead run within minutes of rollouts
-    and leave a healthy one alone.
-
-    ``max_lost_fraction``: a training batch in which more than this fraction of the samples was removed (an env
-    or its service failed) or aborted raises the alarm. ``max_bad_rollouts``: that many alarmed batches in a
-    row stop the job (0: alarms only). ``max_refill_rounds``: the group filter stops the job once this many
-    rounds of groups (``over_sampling_batch_size``, else ``rollout_batch_size`` groups a round) were dropped in
-    a row without one kept (0: no bound).
-    """
-
-    max_lost_fraction: float = 0.5
-    max_bad_rollouts: int = 3
-    max_refill_rounds: int = 10
-
-    def __post_init__(self) -> None:
-        fraction = self.max_lost_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
-            raise ValueError(f"aclarena_guards.max_lost_fraction must be a number in [0, 1), got {fraction!r}")
-        for name in ("max_bad_rollouts", "max_refill_rounds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"aclarena_guards.{name} must be an integer >= 0, got {value!r}")
 
 
 class RolloutsLost(RuntimeError):

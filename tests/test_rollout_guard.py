@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from aclarena_slime.group_rewards import GuardSettings
 from aclarena_slime.recipes.compiler import compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
-from aclarena_slime.rollout_guard import GuardSettings, RefillExhausted, RolloutsLost
+from aclarena_slime.rollout_guard import RefillExhausted, RolloutsLost
 from aclarena_slime.slime_edge import rollout as edge
 from aclarena_slime.testing.samples import FakeSample
 

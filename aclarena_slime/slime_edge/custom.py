@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.distill.mopd import MopdSettings
-from aclarena_slime.group_rewards import FilterSettings
+from aclarena_slime.group_rewards import FilterSettings, GuardSettings
 from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.rollout import response_budget_mode
-from aclarena_slime.rollout_guard import GuardSettings
 from aclarena_slime.tis import TisSettings
 
 if TYPE_CHECKING:
