@@ -103,7 +103,9 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     for name, service in command.services.items():
         from aclarena_slime.launcher.services import service_command
 
-        lines.append(f"# service {name} at {service.url}: {' '.join(service_command(service))}")
+        env = "".join(f"{k}={v} " for k, v in service.env.items())
+        lines.append(f"# service {name} at {service.url} (watched, at most {service.max_restarts} restarts): "
+                     f"{env}{' '.join(service_command(service))}")  # fmt: skip
     lines.append(f"# {command.custom_config_path}:")
     lines += ["#   " + line for line in json.dumps(command.custom_config, indent=2).splitlines()]
     lines.append(command.shell(dashboard))

@@ -142,6 +142,15 @@ def test_bad_watch_settings_are_refused_naming_the_service(tmp_path: Path):
         load_recipe(recipe, [f"paths.root={tmp_path}", "services.retriever.max_restarts=-1"])
 
 
+def test_the_dry_run_shows_the_services_env_and_restarts(tmp_path: Path, capsys):
+    from aclarena_slime.launcher import stage
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "stage2_search.yaml"
+    assert stage.main([str(recipe), "backend=slime", f"paths.root={tmp_path}", "--dry-run"]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("# service retriever")]
+    assert "(watched, at most 2 restarts): OMP_NUM_THREADS=32 OPENBLAS_NUM_THREADS=32 MKL_NUM_THREADS=32 " in line
+
+
 def test_the_service_sees_its_env(tmp_path: Path):
     port = _free_port()
     service = ServiceConfig(
