@@ -28,7 +28,7 @@ args = sys.argv[1:]
 with open(state / "calls.log", "a") as log:
     log.write(" ".join(args) + "\\n")
 if args[:2] == ["job", "submit"]:
-    sid = next(a.split("=", 1)[1] for a in args if a.startswith("--submission-id="))
+    sid = next((a.split("=", 1)[1] for a in args if a.startswith("--submission-id=")), "raysubmit_generated")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if (state / ("stopped-" + sid)).exists():
@@ -40,7 +40,7 @@ if args[:2] == ["job", "submit"]:
 if args[:2] == ["job", "stop"]:
     (state / ("stopped-" + args[-1])).touch()
     sys.exit(0)
-sys.exit(2)
+sys.exit(0 if args[:1] == ["status"] else 2)  # a head answers: the launch reuses it
 """
 
 
@@ -229,3 +229,41 @@ def test_a_user_simulator_killed_mid_job_stops_the_job_instead_of_spinning(tmp_p
     assert status != 0 and took < 30
     assert stopped is not None and stopped.startswith("service user_sim exited with status -9")
     assert "[serve-engine] serving" in stopped
+
+
+def test_a_search_stage_whose_retriever_dies_mid_run_ends_non_zero_naming_it(tmp_path: Path, fake_ray: Path,
+                                                                               monkeypatch, capsys):
+    """The whole slime launch (``launch/stage.sh``) on one node: the Ray CLI and the GPU count are stand-ins,
+    the retriever is the recipe's service over a tiny corpus, killed once the job runs. Before: the job ran on
+    to its end and the stage reported success."""
+    import threading
+
+    from aclarena_envs.search.demo_corpus import generate, write_jsonl
+    from aclarena_slime.launcher import stage
+    from aclarena_slime.launcher.backend import BackendChoice
+
+    corpus = write_jsonl(generate(20, seed=1).passages, tmp_path / "corpus.jsonl")
+    monkeypatch.setattr(stage, "choose_backend", lambda requested: BackendChoice("slime", "a GPU node"))
+    monkeypatch.setattr("aclarena_slime.launcher.hf_export.ensure_export", lambda recipe: None)
+    monkeypatch.setattr(ray_job, "require_gpus", lambda ray, want: want)
+    start = services.start_service
+
+    def start_then_kill(name, service, log_dir, poll_s=1.0):
+        running = start(name, service, log_dir, 0.1)
+        threading.Timer(0.5, _kill_when_ready, [running]).start()  # mid-run: the job is streaming by then
+        return running
+
+    monkeypatch.setattr(services, "start_service", start_then_kill)
+    command = f"['{{python}}',-m,aclarena_slime,serve-retriever,--corpus,{corpus},--host,'{{host}}',--port,'{{port}}']"
+    started = time.monotonic()
+    status = stage.main([
+        "recipes/stage2_search.yaml", "backend=slime", "cluster=single_8", f"paths.root={tmp_path}",
+        f"services.retriever.command={command}", f"services.retriever.port={_free_port()}",
+        "services.retriever.max_restarts=0", "services.retriever.check_interval_s=0.2",
+    ])  # fmt: skip
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert status == 1 and took < 60, err[-2000:]
+    assert "the job was stopped: service retriever exited with status -9 after 0 restart(s)" in err
+    assert "aclarena retriever listening on" in err  # its last log lines
+    assert "job stop --address=http://127.0.0.1:8265 aclarena-stage2_search-" in (fake_ray / "calls.log").read_text()
