@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -144,7 +145,7 @@ STOP_TIMEOUT_S = 120.0  # how long ``ray job stop`` may take (it waits for the j
 
 def submission_id(name: str) -> str:
     """A fresh Ray submission id for a stage's job, so the launcher can stop exactly that job."""
-    return f"aclarena-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return f"aclarena-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
 def submit(argv: Sequence[str], submission: str | None = None) -> int:
