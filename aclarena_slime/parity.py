@@ -99,12 +99,13 @@ def compare_groups(
     """:func:`compare` per group of samples (``groups[i]``: sample i's expert), in first-seen order."""
     if len(groups) != len(engine):
         raise ValueError(f"{len(groups)} group labels for {len(engine)} samples")
-    order = list(dict.fromkeys(groups))
-    return {
-        g: compare(*([rows[i] for i, label in enumerate(groups) if label == g] for rows in (engine, trainer, masks)),
-                   tolerance)
-        for g in order
-    }  # fmt: skip
+    reports = {}
+    for group in dict.fromkeys(groups):
+        picked = [i for i, label in enumerate(groups) if label == group]
+        reports[group] = compare(
+            [engine[i] for i in picked], [trainer[i] for i in picked], [masks[i] for i in picked], tolerance
+        )
+    return reports
 
 
 @dataclass
