@@ -249,3 +249,16 @@ def test_inside_real_slime_policy_loss_the_check_reads_the_loss_forward_and_leav
         loss(True, [e + 0.2 for e in engine])  # the engine served other weights: stop before any update
     hook._state = hook._State()
     assert torch.equal(loss(True, engine), loss(False, engine)), "the check must leave slime's policy loss as it is"
+
+
+def test_every_lora_recipe_compiles_the_rollout_hook_and_its_parity_settings(tmp_path: Path):
+    from aclarena_slime.recipes.compose import RecipeError
+
+    command = compile_recipe(load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "+parity.ratio=3"]))
+    args = command.train_args
+    assert args[args.index("--rollout-data-postprocess-path") + 1] == "aclarena_slime.slime_edge.parity.on_rollout"
+    assert command.custom_config["aclarena_parity"] == {
+        "ceiling": 0.05, "ratio": 3.0, "floor": 0.002, "calibration_rollouts": 1, "enforce": True,
+    }  # fmt: skip
+    with pytest.raises(RecipeError, match="parity.ratio must be >= 1"):
+        load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "+parity.ratio=0.5"])
