@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,6 +174,7 @@ async def swap_adapter(
     pinned: bool = False,
     pause_mode: str | None = None,
     load: tuple[str, Sequence[dict[str, Any]]] | None = None,
+    retiring: Callable[[str], None] | None = None,
 ) -> SwapResult:
     """Serve the adapter at ``path`` as ``name`` (plain) or ``name@version`` on every engine.
 
@@ -182,6 +183,8 @@ async def swap_adapter(
     (versioned): how many syncs an episode's version may fall behind; versions older than that are
     unloaded. ``load``: an endpoint and one body per engine instead of ``/load_lora_adapter`` from
     ``path`` (the tensors sync). ``checksum`` is checked against ``path`` here before any load.
+    ``retiring`` (versioned) is called with each retired name once the ledger has moved past it and before
+    any engine unloads it (SGLang reloads an unloaded adapter from its folder when a request names it).
     """
     if (path is None) == (load is None):
         raise ValueError("swap_adapter takes a folder path or a (endpoint, bodies) load, exactly one")
@@ -211,6 +214,9 @@ async def swap_adapter(
     keep = [v for v in previous if version - staleness_budget <= v < version] + [version]
     ledger.record(name, version, keep, checksum)  # from here on, new episodes start on this version
     retired = [versioned_name(name, v) for v in previous if v not in keep]
+    if retiring is not None:
+        for old in retired:
+            retiring(old)
     await asyncio.gather(*(_unload(c, old) for c in clients for old in retired))
     return SwapResult(served, tuple(retired))
 

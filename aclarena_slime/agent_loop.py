@@ -20,6 +20,7 @@ from aclarena_slime.adapter_swap import split_version
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.plugin.contract import Done, Environment, EpisodeAborted, Observation, Score, Task
 from aclarena_slime.sglang_client import SGLangClient, SGLangError, finish_reason, output_tokens
+from aclarena_slime.sglang_errors import is_adapter_missing
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
             response = await client.generate(traj.tokens, params, lora_path=settings.lora_path)
         except SGLangError as exc:
             pinned = settings.lora_path is not None and split_version(settings.lora_path)[1] is not None
-            if not pinned or exc.status not in (400, 404) or "not loaded" not in exc.message:
+            if not pinned or not is_adapter_missing(exc.status, exc.message):
                 raise
             # The episode's adapter version was unloaded between its turns (it fell behind the staleness
             # budget): the episode ends here and is not trained on.

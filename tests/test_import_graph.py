@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
         "experts",
         "tis",
         "sglang_client",
+        "sglang_errors",
         "adapter_swap",
         "worker_pool",
     },  # formats, clients (adapter_swap: the one way an engine's adapters change)

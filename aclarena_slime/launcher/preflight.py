@@ -2,7 +2,8 @@
 
 Each check returns :class:`Check` results: ``ok``, ``warn`` (runs, but not as supported) or ``fail``
 (the run would crash or train nothing), each failure with the fix. The checks that need the Ray
-cluster (nodes, GPUs, services and the LoRA sync folder seen from every node) are in
+cluster (nodes, GPUs, services and the LoRA sync folder seen from every node; on several nodes the save
+folder and every input too) are in
 :mod:`aclarena_slime.launcher.preflight_cluster`.
 """
 

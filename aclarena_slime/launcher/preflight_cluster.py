@@ -1,6 +1,14 @@
 """Pre-flight checks that need the Ray cluster: nodes and GPUs against the recipe, and, from a Ray task
-on every node, the services and the LoRA sync folder (what slime's actors will need wherever Ray
-places them)."""
+on every node, the services, the LoRA sync folder and, on several nodes, the stage's folders (what
+slime's actors will need wherever Ray places them).
+
+A stage on several nodes writes Megatron shards from every rank into ``--save`` and reads ``--load``,
+``--ref-load``, the HF export and the data on each node. On node-local disks each node sees its own
+folder under the same path: the save holds part of its shards and the run fails only at the next stage.
+So from every node the doctor checks that the save folder is the one the head writes to (a token file
+written here, read there, and a file written beside it) and that every input exists and looks the same
+(a file's size, a folder's entries) as here.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +57,24 @@ def probe_folder(folder: str, token: str) -> str | None:
     return None
 
 
+def probe_inputs(paths: list[str]) -> dict[str, str | None]:
+    """Per path, what this node sees: None when it is missing, else a fingerprint (a file's size, a folder's
+    entries). Runs on each node."""
+    out: dict[str, str | None] = {}
+    for item in paths:
+        path = Path(item)
+        try:
+            if path.is_dir():
+                out[item] = "folder: " + ", ".join(sorted(p.name for p in path.iterdir() if not p.name.startswith(".")))
+            elif path.is_file():
+                out[item] = f"file of {path.stat().st_size} bytes"
+            else:
+                out[item] = None
+        except OSError as exc:
+            out[item] = f"unreadable: {type(exc).__name__}: {exc}"
+    return out
+
+
 def _on_every_node(ray: Any, fn: Any, *args: Any) -> dict[str, Any]:
     """``fn(*args)`` once on each alive node (pinned by node id), by node address."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -94,26 +120,70 @@ def check_services(ray: Any, recipe: StageRecipe) -> list[Check]:
     return out
 
 
-def check_sync_dir(ray: Any, sync_dir: str) -> list[Check]:
-    """The LoRA sync folder: writable here and the same folder (a shared filesystem) on every node."""
+def check_shared_folder(ray: Any, name: str, folder: str, setting: str) -> list[Check]:
+    """``folder`` writable here and the same folder (a shared filesystem) on every node; ``setting`` is the
+    recipe key that moves it."""
     token = uuid.uuid4().hex
-    path = Path(sync_dir)
+    path = Path(folder)
     probe = path / f".aclarena-doctor-{token}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_text(token)
     except OSError as exc:
-        return [Check("lora sync_dir", "fail", f"{sync_dir} not writable here: {exc}", "lora.sync_dir=A_WRITABLE_SHARED_FOLDER")]
+        return [Check(name, "fail", f"{folder} not writable here: {exc}", f"{setting}=A_WRITABLE_SHARED_FOLDER")]
     try:
-        answers = _on_every_node(ray, probe_folder, sync_dir, token)
+        answers = _on_every_node(ray, probe_folder, folder, token)
     finally:
         probe.unlink(missing_ok=True)
     bad = {node: why for node, why in answers.items() if why is not None}
     if bad:
         where = "; ".join(f"{node}: {why}" for node, why in sorted(bad.items()))
-        return [Check("lora sync_dir", "fail", f"{sync_dir} not shared: {where}",
-                      "lora.sync_dir=A_FOLDER_ON_A_FILESYSTEM_EVERY_NODE_MOUNTS")]  # fmt: skip
-    return [Check("lora sync_dir", "ok", f"{sync_dir} writable and visible from {len(answers)} node(s)")]
+        return [Check(name, "fail", f"{folder} not shared: {where}",
+                      f"{setting}=A_FOLDER_ON_A_FILESYSTEM_EVERY_NODE_MOUNTS (paths.root on one, for all)")]  # fmt: skip
+    return [Check(name, "ok", f"{folder} writable and visible from {len(answers)} node(s)")]
+
+
+def check_sync_dir(ray: Any, sync_dir: str) -> list[Check]:
+    """The LoRA sync folder: the trainer's rank 0 writes it, every engine reads it."""
+    return check_shared_folder(ray, "lora sync_dir", sync_dir, "lora.sync_dir")
+
+
+def stage_inputs(recipe: StageRecipe) -> dict[str, str]:
+    """What every node of a stage reads, by recipe key: checkpoints, the HF weights, the data."""
+    inputs = {
+        "checkpoint.load": recipe.checkpoint.load,
+        "checkpoint.ref_load": recipe.checkpoint.ref_load,
+        "model.hf_checkpoint": recipe.model.hf_checkpoint,
+        "data.prompt_data": recipe.data.prompt_data,
+    }
+    inputs.update({f"data.eval_prompt_data.{k}": v for k, v in recipe.data.eval_prompt_data.items()})
+    return inputs
+
+
+def check_inputs(ray: Any, recipe: StageRecipe) -> list[Check]:
+    """Every input exists on every node and looks as it does here. One missing here is another check's
+    failure; an HF export the launcher makes first (``checkpoint.ckpt_step``) lands in a folder that must be
+    shared instead."""
+    inputs = stage_inputs(recipe)
+    out: list[Check] = []
+    export = recipe.model.hf_checkpoint
+    if not Path(export).exists() and recipe.checkpoint.ckpt_step is not None:
+        del inputs["model.hf_checkpoint"]
+        out += check_shared_folder(ray, "hf export folder", str(Path(export).parent), "model.hf_checkpoint")
+    here = probe_inputs(list(dict.fromkeys(inputs.values())))
+    present = [path for path, seen in here.items() if seen is not None]
+    answers = _on_every_node(ray, probe_inputs, present)
+    for key, path in inputs.items():
+        if here[path] is None:
+            continue
+        bad = {node: seen.get(path) for node, seen in answers.items() if seen.get(path) != here[path]}
+        if bad:
+            where = "; ".join(f"{node}: {'missing' if why is None else why}" for node, why in sorted(bad.items()))
+            out.append(Check(f"input {key}", "fail", f"{path} differs from this node's ({here[path]}) on {where}",
+                             "put it on a filesystem every node mounts (paths.root), or copy it whole to each node"))  # fmt: skip
+        else:
+            out.append(Check(f"input {key}", "ok", f"{path} the same on {len(answers)} node(s)"))
+    return out
 
 
 def check_proxy(ray: Any, no_proxy: str) -> list[Check]:
@@ -186,6 +256,9 @@ def cluster_checks(
     out = [Check("ray cluster", "ok", f"connected to {recipe.cluster.ray.address}:{recipe.cluster.ray.port}")]
     out += check_nodes(ray, recipe)
     out += check_services(ray, recipe)
+    if nodes_needed(recipe.cluster) > 1:
+        out += check_shared_folder(ray, "checkpoint.save", recipe.checkpoint.save, "checkpoint.save")
+        out += check_inputs(ray, recipe)
     if recipe.lora.enabled and recipe.lora.sync_mode == "disk":
         out += check_sync_dir(ray, recipe.lora.sync_dir or f"{recipe.checkpoint.save}/adapters")
     out += check_proxy(ray, runtime_env.get("env_vars", {}).get("no_proxy", ""))

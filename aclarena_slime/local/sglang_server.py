@@ -15,6 +15,10 @@ Errors keep SGLang's shapes: a body that does not parse gets FastAPI's ``ErrorRe
 (``{"object": "error", "message", "type", "param", "code"}``), a request the engine refuses gets
 ``{"error": {"message"}}`` (``_create_error_response``), a failed LoRA update
 ``{"success": false, "error_message", "loaded_adapters"}``, an unknown path ``ErrorResponse`` with 404.
+An adapter request is answered in SGLang's words (:mod:`aclarena_slime.sglang_errors`): a name this
+server never loaded, one whose remembered folder is gone, an unload of a name it does not hold. (SGLang
+would reload a remembered adapter whose folder is still there; this server does not, and says so in its
+engine's words.)
 
 Every call is logged as one line ``[engine] METHOD PATH STATUS`` (on stderr), so a smoke run can list
 what slime called; :attr:`SGLangServer.calls` counts them.
@@ -32,6 +36,7 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
+from aclarena_slime import sglang_errors
 from aclarena_slime.local.engine import LocalEngine
 
 SGLANG_VERSION = "0.5.15.post1"  # the SGLang release whose API this answers (slime 624b824's image)
@@ -50,6 +55,7 @@ class SGLangServer:
         self.log = log if log is not None else sys.stderr
         self.calls: Counter[str] = Counter()
         self.started = time.time()
+        self.remembered: dict[str, str] = {}  # every adapter loaded: SGLang's lora_ref_cache
 
     def app(self) -> web.Application:
         app = self.engine.app()
@@ -187,8 +193,11 @@ class SGLangServer:
     ) -> web.StreamResponse:
         status = 500
         try:
-            response = await handler(request)
+            response = await self._adapter_refusal(request) or await handler(request)
             status = response.status
+            if request.path == "/load_lora_adapter" and status == 200:
+                body = await request.json()
+                self.remembered[body["lora_name"]] = body["lora_path"]
             return response
         except web.HTTPException as exc:
             status = exc.status
@@ -199,6 +208,28 @@ class SGLangServer:
         finally:
             self.calls[f"{request.method} {request.path}"] += 1
             print(f"{CALL_PREFIX}{request.method} {request.path} {status}", file=self.log, flush=True)
+
+
+    async def _adapter_refusal(self, request: web.Request) -> web.Response | None:
+        """SGLang 0.5.15's answer to a generate naming an adapter not loaded, or an unload of one not held."""
+        if request.path not in ("/generate", "/unload_lora_adapter") or request.method != "POST":
+            return None
+        try:
+            body = await request.json()
+        except ValueError:
+            return None  # the engine's own validation answers
+        loaded = list(self.engine.model.adapters)
+        if request.path == "/unload_lora_adapter":
+            name = body.get("lora_name") if isinstance(body, dict) else None
+            if not isinstance(name, str) or name in loaded:
+                return None
+            message = sglang_errors.unload_unknown(name, loaded)
+            return web.json_response({"success": False, "error_message": message, "loaded_adapters": None}, status=400)
+        name = body.get("lora_path") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            return None
+        message = sglang_errors.resolve_request(name, loaded, self.remembered)
+        return None if message is None else web.json_response({"error": {"message": message}}, status=400)
 
 
 def _http_error(status: int, message: str, validation: bool = False) -> web.Response:

@@ -24,6 +24,7 @@ from .config import LoraConfigError
 from .layers import set_adapter_index
 
 ADAPTER_INDEX_KEY = "aclarena_adapter_index"
+_last: dict[str, list[int] | None] = {"index": None}  # the per-sample indices of the last forward (parity reads them)
 
 
 def tag_sample(sample: Any, experts: Sequence[str], tag: str) -> None:
@@ -62,7 +63,13 @@ def _pre_forward(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tupl
             raise ValueError(f"{ADAPTER_INDEX_KEY} needs slime's packed (thd) batches")
         cp = parallel_state.get_context_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
         set_adapter_index(module, per_token_index(index, packed.cu_seqlens_q, cp))
+        _last["index"] = [int(k) for k in index.reshape(-1).tolist()]
     return args, kwargs
+
+
+def last_sample_index() -> list[int] | None:
+    """Each sample's adapter index in the micro-batch of the last forward (what its loss sees), or None."""
+    return _last["index"]
 
 
 def install(model: nn.Module) -> None:

@@ -7,7 +7,12 @@ as a PEFT directory (``/load_lora_adapter``; the default) or as tensors
 (``/load_lora_adapter_from_tensors``).
 
 Disk mode writes ``<sync_dir>/<name>`` (versioned: ``<sync_dir>/<name>@N``) atomically before the load; ``sync_dir`` must be readable by every
-server (on several nodes, a shared filesystem), and the folder is also the stage's exported expert.
+server (on several nodes, a shared filesystem). ``<sync_dir>/<name>`` is also the stage's exported expert:
+a versioned sync publishes each version there too (atomically, once every server has loaded it), so the
+stage's adapter check, the monitor's ``keep`` and the curriculum find the current expert under its plain
+name. A retired version's folder is renamed away before any server unloads it: SGLang 0.5.15 remembers
+every adapter it loaded and reloads an unloaded one from its folder when a late request names it
+(:mod:`aclarena_slime.sglang_errors`); with the folder gone it refuses instead of serving stale weights.
 
 Tensors mode, payload of ``/load_lora_adapter_from_tensors`` (sglang ``managers/io_struct.py``):
 - up to 0.5.15: ``serialized_tensors`` is one base64 string;
@@ -24,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 import re
 import shutil
 import time
@@ -159,10 +165,29 @@ async def sync_adapter(
             pinned=pinned,
             pause_mode=pause_mode,
             load=load,
+            retiring=(lambda old: _retire_folder(Path(sync_dir), old)) if sync_dir else None,
         )
     except AdapterSwapError as exc:
         raise AdapterSyncError(str(exc)) from exc
     if sync_dir and result.unloaded:
         for old in result.unloaded:  # unloaded everywhere: its folder is no longer read
-            shutil.rmtree(Path(sync_dir) / old, ignore_errors=True)
+            shutil.rmtree(_retired(Path(sync_dir), old), ignore_errors=True)
+    if version is not None and mode == "disk":
+        assert sync_dir is not None
+        write_peft_dir(Path(sync_dir) / name, tensors, config_dict)  # the current version, under the plain name
     return SyncResult(len(urls), payload_bytes, time.perf_counter() - start, used, result.served, checksum)
+
+
+def _retired(sync_dir: Path, served: str) -> Path:
+    """Where a retired version's folder waits for its unload: a hidden name no engine was told of."""
+    return sync_dir / f".{served}.retired"
+
+
+def _retire_folder(sync_dir: Path, served: str) -> None:
+    """Rename ``<sync_dir>/<served>`` away before the engines unload it, so none can reload it implicitly."""
+    source, target = sync_dir / served, _retired(sync_dir, served)
+    shutil.rmtree(target, ignore_errors=True)  # a crashed sync's leftover
+    try:
+        os.rename(source, target)
+    except FileNotFoundError:  # tensors mode, or a resumed run that renamed it already
+        pass

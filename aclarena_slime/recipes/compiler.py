@@ -171,6 +171,7 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
         custom["aclarena_experts"] = dict(recipe.experts)
     if lora is not None:
         custom["aclarena_lora"] = lora
+        custom["aclarena_parity"] = dataclasses.asdict(recipe.parity)
         experts = custom.setdefault("aclarena_experts", {})
         # The adapters this stage trains: its data env's, or with lora.experts (parallel MLE) one per tag.
         trained = (
@@ -331,14 +332,15 @@ def _lora_settings(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
 
 
 def _parity_check(recipe: StageRecipe, flags: _Flags) -> None:
-    """A LoRA stage checks at its first train step that the engine served the adapter the trainer holds
-    (aclarena_slime/slime_edge/parity.py). Without a mismatch correction the check sits in slime's TIS call,
-    which sees the loss's own forward when slime reuses it for the old log-probs (one optimiser step per
-    rollout) and returns the loss unweighted; with one, the TIS call is the correction's, and the check
-    compares slime's separate recompute where it made one."""
+    """A LoRA stage checks at every rollout that the engine served the adapter the trainer holds
+    (aclarena_slime/slime_edge/parity.py; limits from the recipe's ``parity:``). The rollout-data hook tells
+    it which rollout is trained and compares slime's separate recompute where it made one. Without a
+    mismatch correction the check also sits in slime's TIS call, which sees the loss's own forward when
+    slime reuses it for the old log-probs (one optimiser step per rollout) and returns the loss unweighted;
+    with one, the TIS call is the correction's."""
+    if "--rollout-data-postprocess-path" not in flags.origins:  # every rollout: its id, or its separate recompute
+        flags.add("rollout_data_postprocess_path", hook_path("parity"), "lora.enabled (the parity check)")
     if recipe.algorithm.use_tis:
-        if "--rollout-data-postprocess-path" not in flags.origins:
-            flags.add("rollout_data_postprocess_path", hook_path("parity"), "lora.enabled with algorithm.use_tis")
         return
     if "--custom-tis-function-path" in flags.origins:
         raise RecipeError(

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from aclarena_slime.evaluation.monitor import MonitorSettings
 from aclarena_slime.lora.config import LoraConfig
+from aclarena_slime.parity import ParitySettings
 from aclarena_slime.recipes.local_section import LocalBackendSettings
 from aclarena_slime.slime_edge import path as hook_path
 from aclarena_slime.slime_edge.custom import CustomConfig
@@ -250,6 +251,7 @@ class StageRecipe:
     # The forgetting monitor over the earlier domains (the curriculum writes it). Both backends run it: the
     # local runner checks them itself; slime runs them as its --eval-config, the alarm in its eval-log hook.
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
+    parity: ParitySettings = field(default_factory=ParitySettings)  # slime LoRA stages: engine-vs-trainer gap
     notes: str = ""  # why this stage exists; printed by --dry-run
 
     @property

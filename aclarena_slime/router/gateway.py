@@ -25,6 +25,7 @@ from aclarena_slime.http_service import LOOPBACK
 from aclarena_slime.router.http1 import Request, ServerConnection, UpstreamConnectError, UpstreamError
 from aclarena_slime.router.pool import Engine, EnginePool, NoEngine
 from aclarena_slime.router.routing import TAG_HEADER, ExpertResolver, Route, RouteError
+from aclarena_slime.sglang_errors import is_adapter_missing
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ class Gateway:
             await upstream.finished()
             complete = True
             data = upstream.take_body()
-            if upstream.status == 400 and route.adapter and retry_lost_adapter and b"not loaded" in data:
+            if route.adapter and retry_lost_adapter and is_adapter_missing(upstream.status, data.decode(errors="replace")):
                 log.warning("engine %s lost adapter %s; reloading", engine.url, route.adapter)
                 return False
             conn.respond(request, upstream.status, data, upstream.content_type or _JSON, route_header)

@@ -148,7 +148,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "parity",
         "--rollout-data-postprocess-path",
-        f"{_EDGE}.parity.check_first_batch",
+        f"{_EDGE}.parity.on_rollout",
         None,  # no default: slime/backends/megatron_utils/actor.py calls it when the flag is set
         ((("args", "rollout_id", "rollout_data"), ()),),
     ),

@@ -8,6 +8,9 @@ output and reports ``length``). Requests are recorded for assertions (``lora_pat
 ``stream: true`` (server-sent events, as SGLang sends them) are there for gateway tests; ``stop()`` and
 ``start()`` simulate a restart: same port, no adapters loaded. ``/pause_generation`` and
 ``/continue_generation`` validate their bodies as SGLang 0.5.15 does and record the pause modes.
+Adapters behave as SGLang 0.5.15's (:mod:`aclarena_slime.sglang_errors`): once one is loaded the engine
+refuses a never-loaded name, reloads an unloaded one from its folder, and refuses it when the folder is
+gone, in SGLang's words; a restart forgets what was loaded.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from aclarena_slime import sglang_errors
 from aclarena_slime.http_service import serving
 
 # sglang 0.5.15 managers/io_struct.py: PauseGenerationReqInput.mode, default "abort" (an empty body aborts
@@ -51,6 +55,8 @@ class FakeSGLang:
         self._replies = replies if callable(replies) else itertools.cycle(list(replies))
         self.requests: list[dict[str, Any]] = []
         self.adapters: dict[str, str] = {}
+        self.remembered: dict[str, str] = {}  # every adapter loaded since the last start: SGLang's lora_ref_cache
+        self.lora_enabled = False  # an adapter was loaded once: the engine runs with --enable-lora
         self.pause_modes: list[str] = []
         self.paused = False
         self.url = ""
@@ -95,6 +101,7 @@ class FakeSGLang:
         """Go down like a killed server: connections refused, loaded adapters forgotten."""
         await self._shut()
         self.adapters.clear()
+        self.remembered.clear()
 
     async def _shut(self) -> None:
         if self._stack is not None:
@@ -111,9 +118,9 @@ class FakeSGLang:
             payload["input_ids"] = list(self.tokenizer.encode(payload["text"], add_special_tokens=False))
         if not isinstance(payload.get("input_ids"), list):
             return web.json_response({"error": {"message": "input_ids must be a list of token ids"}}, status=400)
-        lora = payload.get("lora_path")
-        if lora is not None and self.adapters and lora not in self.adapters:
-            return web.json_response({"error": {"message": f"adapter {lora} is not loaded"}}, status=400)
+        refused = self._resolve(payload.get("lora_path"))
+        if refused is not None:
+            return refused
         self.requests.append(payload)
         out = self.complete(payload)
         if not payload.get("stream"):
@@ -139,8 +146,9 @@ class FakeSGLang:
         payload = await request.json()
         model = str(payload.get("model") or "fake-model")
         adapter = model.split(":", 1)[1] if ":" in model else None
-        if adapter is not None and self.adapters and adapter not in self.adapters:
-            return web.json_response({"error": {"message": f"adapter {adapter} is not loaded"}}, status=400)
+        refused = self._resolve(adapter)
+        if refused is not None:
+            return refused
         self.requests.append(payload)
         chat = request.path.endswith("/chat/completions")
         reply = self._next_reply(payload).text
@@ -157,6 +165,18 @@ class FakeSGLang:
             for p in pieces
         ]
         return await self._sse(request, events)
+
+    def _resolve(self, adapter: str | None) -> web.Response | None:
+        """SGLang's ``_resolve_lora_path``: serve a loaded adapter, reload a remembered one from its folder,
+        else its 400 (``{"error": {"message"}}``, as ``_create_error_response`` words a ValueError)."""
+        if adapter is None or not (self.lora_enabled or self.adapters):
+            return None
+        message = sglang_errors.resolve_request(adapter, self.adapters, self.remembered)
+        if message is not None:
+            return web.json_response({"error": {"message": message}}, status=400)
+        if adapter not in self.adapters:  # "Reloading evicted adapter"
+            self.adapters[adapter] = self.remembered[adapter]
+        return None
 
     def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
         params = payload.get("sampling_params") or {}
@@ -200,14 +220,16 @@ class FakeSGLang:
 
     async def _load(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.adapters[body["lora_name"]] = body["lora_path"]
-        return web.json_response({"success": True, "loaded_adapters": dict(self.adapters)})
+        self.adapters[body["lora_name"]] = self.remembered[body["lora_name"]] = body["lora_path"]
+        self.lora_enabled = True
+        return web.json_response({"success": True, "error_message": None, "loaded_adapters": dict(self.adapters)})
 
     async def _unload(self, request: web.Request) -> web.Response:
         body = await request.json()
         if self.adapters.pop(body["lora_name"], None) is None:
-            return web.json_response({"error": {"message": f"adapter {body['lora_name']} not loaded"}}, status=400)
-        return web.json_response({"success": True, "loaded_adapters": dict(self.adapters)})
+            message = sglang_errors.unload_unknown(body["lora_name"], self.adapters)
+            return web.json_response({"success": False, "error_message": message, "loaded_adapters": None}, status=400)
+        return web.json_response({"success": True, "error_message": None, "loaded_adapters": dict(self.adapters)})
 
     async def _pause(self, request: web.Request) -> web.Response:
         body = await _json_object(request)

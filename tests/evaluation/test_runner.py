@@ -154,7 +154,7 @@ async def test_engine_rejection_is_a_failed_sample_not_a_crash(tmp_path, data, t
     arith = summary["datasets"]["arith"]
     assert (arith["accuracy"], arith["n_unscored"], arith["statuses"]) == (0.0, 4, {"failed": 4})
     line = _lines(tmp_path / "o", "arith")[0]
-    assert line["end"] == "engine_error" and "not loaded" in line["error"] and line["reward"] is None
+    assert line["end"] == "engine_error" and "has never been loaded" in line["error"] and line["reward"] is None
 
 
 async def test_an_unreachable_endpoint_stops_the_run_with_an_error(tmp_path, data, tiny_tokenizer):

@@ -27,7 +27,9 @@ RECIPE = str(REPO / "recipes" / "stage2_search.yaml")
 # and the rollout's expert table and adapter versions (experts, adapter_swap). Halving it would mean merging
 # modules that hold separate concerns. 58 since a GRPO step samples its groups through local.group_filter (one
 # round without a filter; the recipe's dynamic sampling with one), which runs code: 34 of 40 library files.
-MAX_MODULES = 58
+# 59 since the agent loop recognises an engine's "adapter not served" answers through sglang_errors (SGLang's
+# exact words in one place, shared with the gateway and the test doubles); it runs nothing on a healthy run.
+MAX_MODULES = 59
 # The modules whose functions run for the stage (not at import): 34 of the library's, 7 of the plugin's.
 MAX_ENTERED = 41
 # Calls from a lower layer into a higher one (tests/test_import_graph.py's LAYERS), as caller -> callee

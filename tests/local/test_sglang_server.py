@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,7 +100,27 @@ async def test_health_generate_flush_cache_and_lora_updates(server, adapter_dir)
     status, body = await call(server, "POST", "/unload_lora_adapter", json={"lora_name": "x"})
     assert status == 200 and body["loaded_adapters"] == {}
     status, body = await call(server, "POST", "/unload_lora_adapter", json={"lora_name": "x"})
-    assert status == 400 and body["success"] is False and "not loaded" in body["error_message"]
+    assert status == 400 and body == {
+        "success": False,
+        "error_message": "LoRA with name x does not exist. Loaded LoRAs: dict_keys([])",
+        "loaded_adapters": None,
+    }
+
+
+
+async def test_a_retired_adapter_whose_folder_is_gone_is_refused_in_sglangs_words(server, adapter_dir, tmp_path):
+    """SGLang remembers x@0 and reloads it from its folder; with the folder gone it answers this 400."""
+    folder = shutil.copytree(adapter_dir, tmp_path / "x@0")
+    assert (await call(server, "POST", "/load_lora_adapter", json={"lora_name": "x@0", "lora_path": str(folder)}))[0] == 200
+    assert (await call(server, "POST", "/unload_lora_adapter", json={"lora_name": "x@0"}))[0] == 200
+    shutil.rmtree(folder)
+    status, body = await call(server, "POST", "/generate", json={"input_ids": [1], "lora_path": "x@0"})
+    assert status == 400 and body == {
+        "error": {
+            "message": "Failed to implicitly load LoRA adapter x@0: Repo id must be in the form 'repo_name' or "
+            f"'namespace/repo_name': '{folder}'. Use `repo_type` argument if needed."
+        }
+    }
 
 
 @pytest.mark.parametrize(
@@ -121,7 +142,7 @@ async def test_health_generate_flush_cache_and_lora_updates(server, adapter_dir)
             ">= 0",
         ),
         ("POST", "/generate", {"json": {"input_ids": [1], "rid": 7}}, 400, "error", "rid"),
-        ("POST", "/generate", {"json": {"input_ids": [1], "lora_path": "nobody"}}, 400, "error", "not loaded"),
+        ("POST", "/generate", {"json": {"input_ids": [1], "lora_path": "nobody"}}, 400, "error", "has never been loaded"),
         ("POST", "/generate", {"json": {"input_ids": [1] * 40_000}}, 400, "error", "context"),
         # FastAPI's HTTPException answers, in ErrorResponse with the status as type.
         ("GET", "/no_such_endpoint", {}, 404, "http", "Not Found"),

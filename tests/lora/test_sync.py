@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import pickle
 
 import pytest
@@ -27,6 +28,7 @@ class FakeSGLang:
         self.calls: list[str] = []
         self.adapters: dict[str, dict] = {}
         self.bodies: dict[str, dict] = {}
+        self.folder_at_unload: dict[str, bool] = {}  # name -> its folder still there when unloaded
 
     async def __aenter__(self) -> str:
         app = web.Application(client_max_size=64 * 2**20)
@@ -55,7 +57,8 @@ class FakeSGLang:
             if endpoint == "unload_lora_adapter" and body["lora_name"] not in self.adapters:
                 return web.json_response({"success": False, "error_message": "not loaded"}, status=400)
             if endpoint == "unload_lora_adapter":
-                del self.adapters[body["lora_name"]]
+                path = self.adapters.pop(body["lora_name"]).get("path")
+                self.folder_at_unload[body["lora_name"]] = path is not None and os.path.isdir(path)
             if endpoint == "load_lora_adapter" and self.load_status >= 400:
                 return web.json_response({"error": "server overloaded"}, status=self.load_status)
             if endpoint == "load_lora_adapter":
@@ -203,10 +206,49 @@ async def test_versioned_sync_loads_beside_and_retires_past_the_budget(tmp_path)
     assert sorted(fake.adapters) == ["retail@1", "retail@2"]
     assert AdapterLedger(tmp_path).read()["retail"] == {"current": 2, "resident": [1, 2], "checksum": result.checksum}
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "retail",
         "retail@1",
         "retail@2",
         "versions.json",
     ]
+
+
+async def test_versioned_sync_publishes_the_current_version_under_the_plain_name(tmp_path):
+    """<sync_dir>/<name> is the stage's expert (the stage's adapter check, the monitor's keep): each
+    versioned sync leaves the version it just made current there, whole."""
+    from aclarena_slime.adapter_swap import adapter_checksum
+
+    fake = FakeSGLang("0.5.15")
+    async with fake as url:
+        for version, scale in enumerate((1.0, 2.0, 3.0)):
+            tensors = {k: v + scale for k, v in TENSORS.items()}
+            result = await sync_adapter(
+                [url], "retail", tensors, CONFIG, sync_dir=str(tmp_path), version=version, staleness_budget=1
+            )
+            assert adapter_checksum(tmp_path / "retail") == result.checksum == adapter_checksum(tmp_path / result.served)
+    assert "retail" not in fake.adapters  # published for the stage, never loaded under the plain name
+
+
+async def test_a_retired_folder_is_gone_before_its_unload(tmp_path, tiny_tokenizer):
+    """SGLang reloads an unloaded adapter from its folder when a late request names it: the folder must
+    be gone before the unload, so a straggler for a retired version is refused in SGLang's words."""
+    from aclarena_slime.sglang_client import SGLangClient, SGLangError
+    from aclarena_slime.testing.fake_sglang import FakeSGLang as Engine
+
+    fake = FakeSGLang("0.5.15")
+    async with fake as url:
+        for version in range(3):
+            await sync_adapter([url], "retail", TENSORS, CONFIG, sync_dir=str(tmp_path), version=version, staleness_budget=1)
+    assert fake.folder_at_unload == {"retail@0": False}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".retired")]
+    async with Engine(tiny_tokenizer, ["ok"]) as engine:
+        for version in range(3):
+            await sync_adapter(
+                [engine.url], "retail", TENSORS, CONFIG, sync_dir=str(tmp_path / "b"), version=version, staleness_budget=1
+            )
+        with pytest.raises(SGLangError) as late:
+            await SGLangClient(engine.url).generate([1, 2], {"max_new_tokens": 2}, lora_path="retail@0")
+    assert late.value.status == 400 and late.value.message.startswith("Failed to implicitly load LoRA adapter retail@0")
 
 
 async def test_a_folder_that_does_not_match_its_checksum_is_never_loaded(tmp_path, monkeypatch):

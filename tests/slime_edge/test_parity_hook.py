@@ -23,7 +23,7 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.setattr(hook, "_checked", False)
+    monkeypatch.setattr(hook, "_state", hook._State())
 
 
 @pytest.fixture
@@ -80,50 +80,111 @@ def test_a_compiled_lora_recipe_stops_before_the_update_on_a_mismatch(tmp_path: 
         _tis_call(function, Namespace(context_parallel_size=1), 0.2)  # CP 1: no slime here
 
 
-def test_the_in_loss_check_returns_the_loss_unweighted_and_checks_once(capsys):
+def test_the_in_loss_check_returns_the_loss_unweighted_and_checks_once_a_rollout(capsys):
     args = Namespace(context_parallel_size=1)
     pg_loss, masks, (out_loss, out_masks, metrics) = _tis_call(hook.check_in_loss, args, 0.01)
     assert out_loss is pg_loss and out_masks is masks and metrics == {}
     assert "the loss's own forward: log-prob parity ok" in capsys.readouterr().out
-    _tis_call(hook.check_in_loss, args, 5.0)  # once per process: later micro-batches train on
-    hook._checked = False
+    _tis_call(hook.check_in_loss, args, 5.0)  # once a rollout: later micro-batches train on
+    hook._state = hook._State()
     empty = [torch.zeros(3, dtype=torch.int), torch.zeros(1, dtype=torch.int)]  # samples slime removed
     hook.check_in_loss(args, pg_loss=torch.zeros(4), train_log_probs=_data(5.0)["log_probs"],
                        rollout_log_probs=_data(0.0)["rollout_log_probs"], loss_masks=empty,
                        total_lengths=[7, 5], response_lengths=[3, 1])  # fmt: skip
-    assert not hook._checked, "nothing to compare: the next micro-batch is checked"
-    hook._checked = False
-    _tis_call(hook.check_in_loss, Namespace(aclarena_parity_tolerance=0.25), 0.2)
+    assert hook._state.checked == hook._UNSEEN, "nothing to compare: the next micro-batch is checked"
+    hook._state = hook._State()
+    _tis_call(hook.check_in_loss, Namespace(aclarena_parity={"ceiling": 0.25}), 0.2)
 
 
-def test_first_batch_within_tolerance_passes_and_later_batches_are_not_rechecked(capsys, cp_slicer):
+def test_every_rollout_is_checked_against_the_limit_its_first_calibrated(capsys):
+    """Rollout 0 (B = 0) only calibrates, up to the ceiling; later rollouts stay under ratio x its gap."""
+    args = Namespace(context_parallel_size=1, aclarena_parity={"ratio": 4.0, "floor": 0.002})
+    hook.on_rollout(args, 0, {})
+    _tis_call(hook.check_in_loss, args, 0.01)
+    hook.on_rollout(args, 1, {})
+    _tis_call(hook.check_in_loss, args, 0.03)  # within 4 x 0.01
+    hook.on_rollout(args, 2, {})
+    with pytest.raises(parity.ParityError, match=r"rollout 2.*tolerance 0.04.*calibrated on 0.01"):
+        _tis_call(hook.check_in_loss, args, 0.045)  # under the old fixed 0.05, above the calibrated 0.04
+    out = capsys.readouterr().out
+    assert "rollout 0" in out and "[calibrating]" in out and "rollout 1" in out and "[calibrated]" in out
+
+
+def test_with_enforce_off_every_gap_is_logged_and_nothing_stops(capsys):
+    args = Namespace(context_parallel_size=1, aclarena_parity={"enforce": False})
+    for rollout, gap in enumerate((0.01, 5.0, 7.0)):
+        hook.on_rollout(args, rollout, {})
+        _tis_call(hook.check_in_loss, args, gap)
+    assert capsys.readouterr().out.count("FAILED") == 2
+
+
+def test_parallel_experts_are_calibrated_and_stopped_apart(monkeypatch):
+    """One expert's bad sync stops the job naming that expert, though the batch's mean gap is small."""
+    from aclarena_slime.lora import routing
+
+    args = Namespace(context_parallel_size=1, aclarena_lora={"experts": ["math", "search"]})
+    monkeypatch.setitem(routing._last, "index", [0, 1])  # the forward's samples: math, then search
+    hook.on_rollout(args, 0, {})
+    _tis_call(hook.check_in_loss, args, 0.001)
+    hook.on_rollout(args, 1, {})
+    data = _data(0.001)
+    data["log_probs"][1] = data["rollout_log_probs"][1] + 0.04  # search's one token
+    with pytest.raises(parity.ParityError, match="expert search"):
+        hook.check_in_loss(args, pg_loss=torch.zeros(4), train_log_probs=data["log_probs"],
+                           rollout_log_probs=data["rollout_log_probs"], loss_masks=data["loss_masks"],
+                           total_lengths=[7, 5], response_lengths=[3, 1])  # fmt: skip
+    assert [line.split(":")[0] for line in hook._state.lines] == [
+        "rollout 0, first micro-batch, the loss's own forward, expert math",
+        "rollout 0, first micro-batch, the loss's own forward, expert search",
+        "rollout 1, first micro-batch, the loss's own forward, expert math",
+    ]
+
+
+def test_parallel_experts_without_an_index_are_refused(monkeypatch):
+    from aclarena_slime.lora import routing
+
+    monkeypatch.setitem(routing._last, "index", None)  # no routing hook ran: experts cannot be told apart
+    args = Namespace(context_parallel_size=1, aclarena_lora={"experts": ["math", "search"]})
+    with pytest.raises(parity.ParityError, match="no adapter index per sample"):
+        _tis_call(hook.check_in_loss, args, 0.0)
+
+
+def test_first_batch_within_tolerance_passes_and_the_rollout_is_not_rechecked(capsys, cp_slicer):
     args = types.SimpleNamespace()
-    hook.check_first_batch(args, 0, _data(0.01))
-    assert "parity ok" in capsys.readouterr().out
-    hook.check_first_batch(args, 1, _data(5.0))  # checked once per process: the first batch
+    hook.on_rollout(args, 0, _data(0.01))
+    assert "rollout 0: log-prob parity ok" in capsys.readouterr().out
+    _tis_call(hook.check_in_loss, Namespace(context_parallel_size=1), 5.0)  # rollout 0 was checked above
 
 
 def test_a_gap_above_the_tolerance_stops_the_job(cp_slicer):
     with pytest.raises(parity.ParityError, match="3 tokens"):
-        hook.check_first_batch(types.SimpleNamespace(), 0, _data(0.2))
-    ok = types.SimpleNamespace(aclarena_parity_tolerance=0.25)
-    hook._checked = False
-    hook.check_first_batch(ok, 0, _data(0.2))
+        hook.on_rollout(types.SimpleNamespace(), 0, _data(0.2))
+    ok = types.SimpleNamespace(aclarena_parity={"ceiling": 0.25})
+    hook._state = hook._State()
+    hook.on_rollout(ok, 0, _data(0.2))
 
 
-def test_without_a_recompute_it_says_it_checked_nothing(capsys):
+def test_the_separate_recompute_is_compared_per_expert(cp_slicer):
+    from aclarena_slime.lora.routing import ADAPTER_INDEX_KEY
+
+    args = types.SimpleNamespace(aclarena_lora={"experts": ["math", "search"]})
+    data = {**_data(0.01), "multimodal_train_inputs": [{ADAPTER_INDEX_KEY: torch.tensor([1])},
+                                                        {ADAPTER_INDEX_KEY: torch.tensor([0])}]}  # fmt: skip
+    hook.on_rollout(args, 0, data)
+    assert [line.split(": ")[0] for line in hook._state.lines] == ["rollout 0, expert search", "rollout 0, expert math"]
+
+
+def test_without_a_recompute_the_rollout_waits_for_the_loss_call():
     data = _data(0.0)
     del data["log_probs"]  # slime reused the loss's forward (one optimiser step per rollout)
-    hook.check_first_batch(types.SimpleNamespace(), 0, data)
-    assert "parity not checked" in capsys.readouterr().out
+    hook.on_rollout(types.SimpleNamespace(), 3, data)
+    assert hook._state.rollout == 3 and hook._state.checked == hook._UNSEEN and not hook._state.lines
 
 
 def test_a_lora_recipe_with_tis_keeps_its_correction_and_checks_the_recompute(tmp_path: Path):
     recipe = load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "++algorithm.use_tis=true"])
     args = compile_recipe(recipe).train_args
-    assert (
-        args[args.index("--rollout-data-postprocess-path") + 1] == "aclarena_slime.slime_edge.parity.check_first_batch"
-    )
+    assert args[args.index("--rollout-data-postprocess-path") + 1] == "aclarena_slime.slime_edge.parity.on_rollout"
     assert (
         "--custom-tis-function-path" not in args or "parity" not in args[args.index("--custom-tis-function-path") + 1]
     )
@@ -186,5 +247,18 @@ def test_inside_real_slime_policy_loss_the_check_reads_the_loss_forward_and_leav
 
     with pytest.raises(parity.ParityError, match="8 tokens"):
         loss(True, [e + 0.2 for e in engine])  # the engine served other weights: stop before any update
-    hook._checked = False
+    hook._state = hook._State()
     assert torch.equal(loss(True, engine), loss(False, engine)), "the check must leave slime's policy loss as it is"
+
+
+def test_every_lora_recipe_compiles_the_rollout_hook_and_its_parity_settings(tmp_path: Path):
+    from aclarena_slime.recipes.compose import RecipeError
+
+    command = compile_recipe(load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "+parity.ratio=3"]))
+    args = command.train_args
+    assert args[args.index("--rollout-data-postprocess-path") + 1] == "aclarena_slime.slime_edge.parity.on_rollout"
+    assert command.custom_config["aclarena_parity"] == {
+        "ceiling": 0.05, "ratio": 3.0, "floor": 0.002, "calibration_rollouts": 1, "enforce": True,
+    }  # fmt: skip
+    with pytest.raises(RecipeError, match="parity.ratio must be >= 1"):
+        load_recipe(RECIPES / "mle_math.yaml", [f"paths.root={tmp_path}", "+parity.ratio=0.5"])
