@@ -4,9 +4,10 @@ Every engine must hold every expert. The pool loads the experts at start and aga
 comes back (a restarted SGLang server has forgotten its dynamically loaded adapters). An engine is
 used only while healthy and only for adapters it holds; among those, the one with the fewest requests
 in flight serves, ties taken in turn. No engine left: :class:`NoEngine`, which the gateway answers
-with a 503 that says why. ``/health`` does not show a stalled engine (SGLang answers it without
-generating while requests run), so one whose request timed out is held out of rotation for a while
-whatever its health check says.
+with a 503 that says why. ``/health`` can answer 200 while a request is stuck (SGLang's
+``health_generate`` counts any output since the check began, and skips generating at all with
+``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` off; our local and fake engines never generate for it),
+so an engine whose request timed out is held out of rotation for a while whatever /health says.
 """
 
 from __future__ import annotations
