@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 VERSION_SEPARATOR = "@"
 TRIAL_SUFFIX = ".incoming"  # the name a plain adapter's new folder is tried under before the old one goes
+# SGLang 0.5.15's refusal at --max-loaded-loras (srt/managers/tokenizer_manager.py, load_lora_adapter)
+_NO_ROOM = "Maximum number of loaded LoRA adapters is"
 LEDGER_FILE = "versions.json"
 _VERSIONED = re.compile(r"^(?P<name>.+)@(?P<version>\d+)$")
 
@@ -246,6 +248,9 @@ async def _try_load(client: SGLangClient, name: str, body: dict[str, Any]) -> No
     try:
         await _post(client, "/load_lora_adapter", {**body, "lora_name": trial, "pinned": False})
     except AdapterSwapError as exc:
+        if _NO_ROOM in str(exc):  # --max-loaded-loras leaves no room for a second copy: swap untried, as before
+            log.warning("no room on %s to try %r before the swap (%s); swapping untried", client.base_url, name, exc)
+            return
         raise AdapterSwapError(f"{exc} (adapter {name!r} not replaced: the engine still serves its old version)") from exc
     await _unload(client, trial)
 

@@ -68,3 +68,30 @@ async def test_the_local_engine_names_the_bad_file_and_the_cause_in_a_400(served
     assert status == 400 and out["success"] is False
     assert str(bad / _NAMED[how]) in out["error_message"]
     assert ("Error" in out["error_message"]) or ("header" in out["error_message"])
+
+
+async def test_an_engine_with_no_room_for_a_trial_copy_is_swapped_untried(tiny_tokenizer, adapter_dir, tmp_path):
+    """SGLang started with --max-loaded-loras equal to the adapters it serves refuses the trial load in these
+    words (tokenizer_manager.py, load_lora_adapter): the swap goes on as before rather than failing."""
+    from aiohttp import web
+
+    from aclarena_slime.testing.fake_sglang import FakeSGLang
+
+    class Full(FakeSGLang):
+        async def _load(self, request: web.Request) -> web.Response:
+            body = await request.json()
+            if len(self.adapters) >= 1:
+                message = (
+                    f"Cannot load LoRA adapter {body['lora_name']} at path {body['lora_path']}. Maximum number "
+                    "of loaded LoRA adapters is 1. Please unload some LoRA adapters before loading new ones."
+                )
+                return web.json_response({"success": False, "error_message": message}, status=400)
+            return await super()._load(request)
+
+    async with Full(tiny_tokenizer, ["ok"]) as engine:
+        client = SGLangClient(engine.url)
+        await swap_adapter([client], "expert", adapter_dir, loaded=False)
+        newer = tmp_path / "newer"
+        shutil.copytree(adapter_dir, newer)
+        await swap_adapter([client], "expert", newer)
+    assert engine.adapters == {"expert": str(newer)}
