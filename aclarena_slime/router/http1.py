@@ -149,7 +149,8 @@ class ServerConnection(asyncio.Protocol):
         self.last_active = asyncio.get_running_loop().time()
         if not self.table.make_room():
             self._refusal = b""  # nothing more is read
-            body = b'{"error": {"message": "the gateway is at its connection cap; retry later", "code": 503}}'
+            message = "the gateway is at its connection cap; retry later"
+            body = json.dumps({"error": {"message": message, "type": "service_unavailable", "code": 503}}).encode()
             fields = [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Connection", "close")]
             transport.write(bytes(_head(503, fields)) + body)  # type: ignore[attr-defined]
             transport.close()
