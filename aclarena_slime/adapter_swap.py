@@ -6,7 +6,9 @@ pool. Two ways of naming:
 
 - **plain** (``version=None``): the adapter keeps one name (``search``); a new version is an unload,
   then a load (SGLang has no in-place update), optionally inside ``/pause_generation`` so no request
-  sees the name missing. Slime's synchronous ``train.py`` needs nothing more.
+  sees the name missing. Slime's synchronous ``train.py`` needs nothing more. A new version from a
+  folder is first loaded under a temporary name (``search.incoming``) and unloaded again, so a damaged
+  folder is refused while the old version still serves, not after it was unloaded.
 - **versioned** (``version=12``): the adapter is loaded under ``search@12`` next to the versions
   before it, so a long episode (a tau3 conversation, an asynchronous rollout) keeps the weights it
   started with. The new name is written to the :class:`AdapterLedger` only after every engine has
@@ -38,6 +40,9 @@ from aclarena_slime.sglang_client import SGLangClient, SGLangError
 log = logging.getLogger(__name__)
 
 VERSION_SEPARATOR = "@"
+TRIAL_SUFFIX = ".incoming"  # the name a plain adapter's new folder is tried under before the old one goes
+# SGLang 0.5.15's refusal at --max-loaded-loras (srt/managers/tokenizer_manager.py, load_lora_adapter)
+_NO_ROOM = "Maximum number of loaded LoRA adapters is"
 LEDGER_FILE = "versions.json"
 _VERSIONED = re.compile(r"^(?P<name>.+)@(?P<version>\d+)$")
 
@@ -205,6 +210,8 @@ async def swap_adapter(
         raise ValueError(f"{len(bodies)} load bodies for {len(clients)} engines")
     bodies = [{**b, "lora_name": served} for b in bodies]
     if version is None:
+        if loaded and path is not None:  # the folder proves itself before the version it replaces goes
+            await asyncio.gather(*(_try_load(c, served, b) for c, b in zip(clients, bodies, strict=True)))
         steps = [_replace(c, served, endpoint, b, loaded, pause_mode) for c, b in zip(clients, bodies, strict=True)]
         await asyncio.gather(*steps)
         return SwapResult(served)
@@ -237,6 +244,21 @@ async def _load_once(client: SGLangClient, name: str, path: str) -> None:
     except AdapterSwapError as exc:
         if "already loaded" not in str(exc):
             raise
+
+
+async def _try_load(client: SGLangClient, name: str, body: dict[str, Any]) -> None:
+    """Load the new folder under a temporary name and unload it again: an engine that refuses it (a
+    truncated safetensors, a bad config) does so while ``name`` still serves the old version."""
+    trial = f"{name}{TRIAL_SUFFIX}"
+    await _unload(client, trial)  # left by a swap killed between the two
+    try:
+        await _post(client, "/load_lora_adapter", {**body, "lora_name": trial, "pinned": False})
+    except AdapterSwapError as exc:
+        if _NO_ROOM in str(exc):  # --max-loaded-loras leaves no room for a second copy: swap untried, as before
+            log.warning("no room on %s to try %r before the swap (%s); swapping untried", client.base_url, name, exc)
+            return
+        raise AdapterSwapError(f"{exc} (adapter {name!r} not replaced: the engine still serves its old version)") from exc
+    await _unload(client, trial)
 
 
 async def _replace(

@@ -49,6 +49,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--min-confidence", type=float, default=0.5, help="classifier probability needed to use it")
     parser.add_argument("--health-interval", type=float, default=5.0, help="seconds between engine health checks")
+    limits = parser.add_argument_group("limits (every wait is bounded; what they do is logged)")
+    limits.add_argument("--header-timeout", type=float, default=10.0, help="seconds a client has to send its headers")
+    limits.add_argument("--body-timeout", type=float, default=60.0, help="seconds a client has to send its body")
+    limits.add_argument("--max-connections", type=int, default=4096, help="client connections held at once "
+                        "(lowered to fit the descriptor limit)")
+    limits.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds an engine may send nothing "
+                        "about a request (a non-streamed answer comes when generation ends)")
+    limits.add_argument("--stalled-hold", type=float, default=60.0, help="seconds an engine that timed out is "
+                        "kept out of rotation, whatever its /health says")
     parser.set_defaults(handler=run)
 
 
@@ -74,7 +83,7 @@ def load_classifier(spec: str | None, tags: Iterable[str]) -> TagClassifier | No
 
 def run(args: argparse.Namespace) -> int:
     from aclarena_slime.experts import ExpertError, ExpertTable
-    from aclarena_slime.router.gateway import build_app
+    from aclarena_slime.router.gateway import GatewaySettings, build_app
     from aclarena_slime.router.gateway import run as run_loop
     from aclarena_slime.router.pool import EnginePool
     from aclarena_slime.router.routing import ExpertResolver
@@ -90,8 +99,18 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"--engine {url!r} is not an http(s) URL")
     classifier = load_classifier(args.classifier, sorted(table.experts))
     resolver = ExpertResolver(table, classifier, min_confidence=args.min_confidence)
+    try:
+        settings = GatewaySettings(
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            max_connections=args.max_connections,
+            upstream_timeout_s=args.upstream_timeout,
+            stalled_hold_s=args.stalled_hold,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
     pool = EnginePool(args.engine, table, health_interval_s=args.health_interval)
-    app = build_app(pool, resolver, api_key=args.api_key or os.environ.get(API_KEY_ENV))
+    app = build_app(pool, resolver, api_key=args.api_key or os.environ.get(API_KEY_ENV), settings=settings)
     try:
         run_loop(_serve(app, args.host, args.port))
     except OSError as exc:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -167,7 +169,11 @@ class LocalEngine:
             raise _invalid_body("load_lora_adapter needs lora_name and lora_path (strings)")
         if checksum is not None and not isinstance(checksum, str):
             raise _invalid_body("load_lora_adapter's checksum must be a string (adapter_swap.adapter_checksum)")
-        return await self._lora_update(self.model.load_adapter, name, path, checksum)
+        try:
+            return await self._lora_update(self.model.load_adapter, name, path, checksum)
+        except Exception as exc:  # a damaged file: the reader's error names neither the file nor, often, the cause
+            body = {"success": False, "error_message": f"cannot load adapter {name!r}: {_adapter_fault(path, exc)}"}
+            return web.json_response({**body, "loaded_adapters": dict(self.model.adapters)}, status=400)
 
     async def _unload(self, request: web.Request) -> web.Response:
         payload = await _json_object(request)
@@ -320,3 +326,22 @@ def _invalid_body(message: str) -> web.HTTPException:
 def _bad_request(message: str, status: int = 400) -> web.HTTPException:
     cls = web.HTTPNotFound if status == 404 else web.HTTPBadRequest
     return cls(text=_error_json(message, status), content_type="application/json")
+
+
+def _adapter_fault(path: str, exc: Exception) -> str:
+    """Which file of the PEFT folder at ``path`` is damaged and how, found by reading each one again (only
+    after a load failed): the config as JSON, then the weights as safetensors."""
+    config = Path(path) / "adapter_config.json"
+    try:
+        json.loads(config.read_text())
+    except (OSError, ValueError) as bad:
+        return f"{config}: {type(bad).__name__}: {bad}"
+    weights = Path(path) / "adapter_model.safetensors"
+    if weights.is_file():
+        from safetensors.torch import load_file
+
+        try:
+            load_file(str(weights))
+        except Exception as bad:  # safetensors raises its own SafetensorError (and OSError)
+            return f"{weights}: {type(bad).__name__}: {bad}"
+    return f"{path}: {type(exc).__name__}: {exc}"

@@ -374,9 +374,22 @@ class PolicyTrainer:
 
 
 def staging_folder(directory: Path) -> Path:
-    """A fresh sibling of ``directory`` to write its next version into (see :func:`publish_folder`)."""
+    """A fresh sibling of ``directory`` to write its next version into (see :func:`publish_folder`), once
+    what killed saves of it left is cleared (:func:`clear_leftovers`)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(directory)
     return directory.parent / f".{directory.name}.staging-{uuid.uuid4().hex[:8]}"
+
+
+def clear_leftovers(directory: Path) -> None:
+    """Remove the ``.staging-*`` and ``.retired-*`` siblings of ``directory`` that killed saves left; one
+    killed between :func:`publish_folder`'s two renames left ``directory`` missing and its last version
+    retired: that version is put back first."""
+    retired = sorted(directory.parent.glob(f".{directory.name}.retired-*"), key=lambda p: p.stat().st_mtime)
+    if retired and not directory.exists():
+        os.replace(retired.pop(), directory)
+    for leftover in [*retired, *directory.parent.glob(f".{directory.name}.staging-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def publish_folder(written: Path, directory: Path) -> None:

@@ -18,7 +18,11 @@ slime's ``backends/megatron_utils/model.py``, the module whose ``save`` and
 
 Atomic: every rank writes into ``.iter_<N>.partial``; after a barrier, rank 0 renames it to
 ``iter_<N>`` and only then replaces the tracker file ``latest`` (write, fsync, ``os.replace``). A crash
-at any point leaves the tracker on the previous good checkpoint. Dist-checkpointing reshards, so a
+at any point leaves the tracker on the previous good checkpoint. Saving an iteration again moves the
+old one to ``.iter_<N>.old`` first; a crash between that rename and the next leaves the tracker's
+checkpoint there, where the load finds it. Each save's writer first tidies what killed saves left:
+an ``.old`` whose ``iter_<N>`` is missing is put back, other ``.old`` and ``.partial`` folders and
+half-written tracker files are removed. Dist-checkpointing reshards, so a
 resume may use another TP / DP layout. Not kept: RNG states (LoRA stages run without dropout). Slime's
 data source saves its prompt position under ``--save`` and reads it from ``--load`` (the backbone
 folder); :mod:`aclarena_slime.slime_edge.data_source` reads it from ``--save`` when this stage resumes.
@@ -53,13 +57,51 @@ def latest_iteration(root: str | os.PathLike) -> int | None:
     if not tracker.is_file():
         return None
     text = tracker.read_text().strip()
-    if not text.isdigit() or not (Path(root) / _iteration_dir(int(text))).is_dir():
+    if not text.isdigit():
         raise RuntimeError(f"{tracker} names {text!r}, which is not a finished checkpoint under {root}")
+    checkpoint_dir(root, int(text))
     return int(text)
+
+
+def checkpoint_dir(root: str | os.PathLike, iteration: int) -> Path:
+    """The folder holding iteration ``iteration``: ``iter_<N>``, or ``.iter_<N>.old`` where a save of the
+    same iteration was killed between its two renames (the data the tracker was written for is there)."""
+    root = Path(root)
+    final = root / _iteration_dir(iteration)
+    if final.is_dir():
+        return final
+    old = root / f".{final.name}.old"
+    if old.is_dir():
+        logger.warning("%s is missing (a save was killed between its renames): the checkpoint is read from %s",
+                       final, old)
+        return old
+    present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    raise RuntimeError(
+        f"{root / TRACKER} names {iteration}, which is not a finished checkpoint under {root}: {final.name} is "
+        f"missing and there is no {old.name} to recover from (present: {', '.join(present) or 'nothing'})"
+    )
 
 
 def _iteration_dir(iteration: int) -> str:
     return f"iter_{iteration:07d}"
+
+
+def _tidy(root: Path) -> None:
+    """Undo what killed saves left (the writer, before a save): an ``.old`` whose ``iter_<N>`` is missing goes
+    back in its place; other ``.old`` and all ``.partial`` folders and tracker temp files are removed."""
+    for path in sorted(root.iterdir()):
+        name = path.name
+        if name.startswith(".iter_") and name.endswith(".old"):
+            final = root / name[1 : -len(".old")]
+            if final.exists():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.rename(path, final)
+                logger.warning("LoRA adapter checkpoint %s recovered from %s (a save was killed)", final, path)
+        elif name.startswith(".iter_") and name.endswith(".partial"):
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(f".{TRACKER}.tmp-"):
+            path.unlink(missing_ok=True)
 
 
 def _chunk_key(index: int, count: int) -> str:
@@ -114,7 +156,7 @@ def save_adapter_checkpoint(
     partial = root / f".{final.name}.partial"
     if _is_writer():
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)  # left by a save that crashed
+        _tidy(root)  # left by saves that were killed
         partial.mkdir()
     _barrier()
     state: dict[str, Any] = adapter_sharded_state_dict(model)
@@ -151,7 +193,7 @@ def load_adapter_checkpoint(
     iteration = latest_iteration(root)
     if iteration is None:
         return None
-    path = Path(root) / _iteration_dir(iteration)
+    path = checkpoint_dir(root, iteration)
     model_state = adapter_sharded_state_dict(model)
     state: dict[str, Any] = dict(model_state)
     if optimizer is not None:

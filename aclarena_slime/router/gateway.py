@@ -7,7 +7,8 @@ engine parses it), answers (streams included) passed through byte for byte with 
 everything else does when one is configured (``Authorization: Bearer KEY``).
 
 The HTTP both ways is :mod:`aclarena_slime.router.http1` (asyncio protocols, httptools), on uvloop when
-it is installed: the proxy path is the gateway's whole cost when engines are fast.
+it is installed: the proxy path is the gateway's whole cost when engines are fast. :class:`GatewaySettings`
+bounds what a client may hold (read deadlines, a connection cap) and how long an engine may stay silent.
 """
 
 from __future__ import annotations
@@ -17,31 +18,89 @@ import contextlib
 import hmac
 import json
 import logging
+import resource
 import socket
 from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aclarena_slime.http_service import LOOPBACK
-from aclarena_slime.router.http1 import Request, ServerConnection, UpstreamConnectError, UpstreamError
+from aclarena_slime.router.http1 import (
+    ClientLimits,
+    ConnectionTable,
+    Request,
+    ServerConnection,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from aclarena_slime.router.pool import Engine, EnginePool, NoEngine
 from aclarena_slime.router.routing import TAG_HEADER, ExpertResolver, Route, RouteError
 from aclarena_slime.sglang_errors import is_adapter_missing
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024  # long multi-turn prompts as token ids stay far below this
 ROUTE_HEADER = "X-Aclarena-Expert"  # answers say which expert served them, and how it was chosen
-IDLE_CLIENT_S = 75.0  # a client's keep-alive connection with no request for this long is closed
+_FDS_PER_CLIENT = 2  # a client's connection and, while its request runs, one to an engine
+_FDS_SPARE = 64  # listening socket, health checks, adapter loads, logs
+# What an engine says when it lacks an adapter a request names: our fake and local engines ("... not
+# loaded"); SGLang 0.5.15 (srt/managers/tokenizer_manager.py, _resolve_lora_path, a 400): a restarted
+# server ("Got LoRA adapter that has never been loaded: NAME"), and one whose implicit reload of an
+# unloaded adapter failed, its folder gone ("Failed to implicitly load LoRA adapter NAME: ...").
 _JSON = "application/json"
 _TAG = TAG_HEADER.lower()
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class GatewaySettings:
+    """The gateway's limits (``aclarena serve-router`` flags). Every wait is bounded: a slow or silent
+    peer on either side costs one connection for a bounded time, and what the limits do is logged."""
+
+    max_body_bytes: int = 64 * 1024 * 1024  # long multi-turn prompts as token ids stay far below this
+    header_timeout_s: float = 10.0  # a request's first byte to the end of its headers
+    body_timeout_s: float = 60.0  # the end of the headers to the end of the body (64 MB at ~1 MB/s)
+    idle_timeout_s: float = 75.0  # a keep-alive connection with no request for this long is closed
+    max_connections: int = 4096  # lowered at start to what the process's descriptor limit allows
+    # The longest an engine may send nothing about a request: a non-streamed answer starts only when the
+    # whole generation is done, so this bounds a generation's length too. An engine that times out is
+    # marked down and kept out of rotation for stalled_hold_s (its /health may well answer meanwhile).
+    upstream_timeout_s: float = 600.0
+    stalled_hold_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s", "upstream_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"gateway setting {name} must be > 0, got {getattr(self, name)}")
+        if self.max_body_bytes < 1 or self.max_connections < 1 or self.stalled_hold_s < 0:
+            raise ValueError(f"gateway settings out of range: {self}")
+
+    def client_limits(self) -> ClientLimits:
+        """The limits with the connection cap lowered to fit the descriptor limit (so the cap, which is
+        logged and answered with a 503, bites before ``accept`` fails with EMFILE, which is neither)."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cap = self.max_connections
+        if soft != resource.RLIM_INFINITY:
+            fitting = max(1, (soft - _FDS_SPARE) // _FDS_PER_CLIENT)
+            if fitting < cap:
+                log.warning("gateway: connection cap lowered from %d to %d to fit the descriptor limit %d",
+                            cap, fitting, soft)
+                cap = fitting
+        return ClientLimits(self.max_body_bytes, self.header_timeout_s, self.body_timeout_s, self.idle_timeout_s, cap)
+
+
 class Gateway:
     """The gateway's routes over an :class:`EnginePool`; ``async with gateway.serving(host, port) as url``."""
 
-    def __init__(self, pool: EnginePool, resolver: ExpertResolver, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        pool: EnginePool,
+        resolver: ExpertResolver,
+        api_key: str | None = None,
+        settings: GatewaySettings | None = None,
+    ) -> None:
         self.pool, self.resolver = pool, resolver
+        self.settings = settings or GatewaySettings()
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._routes = {
             "/v1/chat/completions": ("POST", self._openai),
@@ -50,7 +109,7 @@ class Gateway:
             "/v1/models": ("GET", self._models),
             "/health": ("GET", self._health),
         }
-        self._connections: set[ServerConnection] = set()
+        self._table: ConnectionTable | None = None
 
     @contextlib.asynccontextmanager
     async def serving(self, host: str = LOOPBACK, port: int = 0) -> AsyncIterator[str]:
@@ -63,34 +122,42 @@ class Gateway:
         except OSError:
             sock.close()
             raise
+        table = self._table = ConnectionTable(self.settings.client_limits())
         await self.pool.start()
         loop = asyncio.get_running_loop()
         try:
-            server = await loop.create_server(
-                lambda: ServerConnection(self._handle, MAX_BODY_BYTES, self._connections), sock=sock
-            )
+            server = await loop.create_server(lambda: ServerConnection(self._handle, table), sock=sock)
         except BaseException:
             await self.pool.close()
             raise
-        sweeper = loop.create_task(self._close_idle())
+        sweeper = loop.create_task(self._sweep(table))
         try:
             yield f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
         finally:
             sweeper.cancel()
             server.close()
-            for conn in list(self._connections):
+            for conn in list(table.open):
                 conn.abort()
             await server.wait_closed()
             await self.pool.close()
 
-    async def _close_idle(self) -> None:
-        """Once in a while, rather than a timer per request."""
+    async def _sweep(self, table: ConnectionTable) -> None:
+        """Once in a while, rather than a timer per request: slow requests get a 408, idle connections are
+        closed, and what the limits did since the last pass is logged in one line."""
+        limits = table.limits
+        interval = min(limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s) / 4
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(IDLE_CLIENT_S / 4)
-            for conn in list(self._connections):
-                if conn.task is None and loop.time() - conn.last_active > IDLE_CLIENT_S and conn.transport:
-                    conn.transport.close()
+            await asyncio.sleep(interval)
+            table.sweep(loop.time())
+            counts = table.take_counts()
+            if counts:
+                log.warning(
+                    "gateway: client connections %s (%d open, cap %d)",
+                    ", ".join(f"{why}: {n}" for why, n in sorted(counts.items())),
+                    len(table.open),
+                    limits.max_connections,
+                )
 
     async def _handle(self, conn: ServerConnection, request: Request) -> None:
         """Dispatch, check the key, and turn routing failures into JSON errors."""
@@ -157,6 +224,9 @@ class Gateway:
                     self.pool.mark_down(engine, f"connection failed: {exc}")
                     tried.add(engine.url)
                     continue
+                except UpstreamTimeout as exc:  # stalled: /health may still answer, so it is held out a while
+                    self.pool.mark_down(engine, f"request timed out: {exc}", hold_s=self.settings.stalled_hold_s)
+                    return _error(conn, request, 504, f"engine {engine.url} timed out: {exc}", "gateway_timeout")
                 except UpstreamError as exc:  # it had the request: resending could run it twice
                     self.pool.mark_down(engine, f"request failed: {exc}")
                     return _error(conn, request, 502, f"engine {engine.url} failed the request: {exc}", "bad_gateway")
@@ -179,7 +249,7 @@ class Gateway:
         upstream = await connections.acquire()
         complete = False
         try:
-            await upstream.send(connections.head(request.path, len(body)) + body)
+            await upstream.send(connections.head(request.path, len(body)) + body, self.settings.upstream_timeout_s)
             route_header = {ROUTE_HEADER: f"{route.adapter or 'base'}; tag={route.tag or '-'}; source={route.source}"}
             if upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
                 await self._stream(conn, request, engine, upstream, route_header)
@@ -210,7 +280,8 @@ class Gateway:
         try:
             await upstream.finished()
         except UpstreamError as exc:  # our headers are out: a cut connection is all the client can get
-            self.pool.mark_down(engine, f"stream broke: {exc}")
+            hold_s = self.settings.stalled_hold_s if isinstance(exc, UpstreamTimeout) else 0.0
+            self.pool.mark_down(engine, f"stream broke: {exc}", hold_s=hold_s)
             conn.abort()
             return
         finally:
@@ -229,9 +300,11 @@ class Gateway:
         conn.respond(request, 200 if status["healthy"] else 503, json.dumps(status).encode(), _JSON)
 
 
-def build_app(pool: EnginePool, resolver: ExpertResolver, api_key: str | None = None) -> Gateway:
+def build_app(
+    pool: EnginePool, resolver: ExpertResolver, api_key: str | None = None, settings: GatewaySettings | None = None
+) -> Gateway:
     """The gateway; the pool starts and stops with :meth:`Gateway.serving`."""
-    return Gateway(pool, resolver, api_key)
+    return Gateway(pool, resolver, api_key, settings)
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
@@ -246,7 +319,9 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 def _json_body(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body)  # bytes straight in: no text decoding first
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError as exc:
+        raise RouteError("request body is not valid JSON here: it nests deeper than the parser allows") from exc
+    except ValueError as exc:  # malformed, not UTF-8, or an integer over Python's 4300-digit conversion limit
         raise RouteError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise RouteError("request body must be a JSON object")
@@ -256,6 +331,7 @@ def _json_body(body: bytes) -> dict[str, Any]:
 def _error(conn: ServerConnection, request: Request, status: int, message: str, kind: str) -> None:
     body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
     conn.respond(request, status, body, _JSON)
+
 
 
 def _may_name_lora_path(raw: bytes) -> bool:

@@ -4,7 +4,9 @@ Why not aiohttp here: against a zero-latency engine, aiohttp's request, response
 cost the gateway several times the CPU of moving the bytes (``benchmarks/bench_router.py``; the README
 gives the figures). This module does only what a JSON-in, JSON-or-event-stream-out proxy needs:
 keep-alive, pipelined requests answered in order, Content-Length and chunked bodies both ways,
-``Expect: 100-continue``, a request size cap, and back-pressure from a slow client to the engine.
+``Expect: 100-continue``, a request size cap, back-pressure from a slow client to the engine, and the
+limits that keep slow or many clients from starving the rest (:class:`ClientLimits`: header and body
+read deadlines, a connection cap) and a stalled engine from holding a request forever (``send``'s timeout).
 aiohttp stays for the pool's health checks and adapter loads, where a request is rare.
 """
 
@@ -16,6 +18,7 @@ import http
 import json
 import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httptools
@@ -30,6 +33,71 @@ class UpstreamConnectError(Exception):
 
 class UpstreamError(Exception):
     """The engine had the request and failed it (reset, cut answer, broken HTTP): resending could run it twice."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The engine had the request and sent nothing for the whole timeout: stalled (or far too slow)."""
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """What one client connection may hold of the gateway (the gateway's settings fill it in).
+
+    Without these, clients that send a byte a second each hold a connection (and a file descriptor)
+    for as long as they like: a few hundred of them exhaust the descriptors and every other client is
+    refused while nothing is logged.
+    """
+
+    max_body: int
+    header_timeout_s: float  # from a request's first byte to the end of its headers
+    body_timeout_s: float  # from the end of the headers to the end of the body
+    idle_timeout_s: float  # a keep-alive connection with no request for this long is closed
+    max_connections: int  # at the cap, the oldest idle or still-in-headers connection makes room, else 503
+
+
+class ConnectionTable:
+    """The open client connections and what the limits did to them since the last :meth:`take_counts`."""
+
+    def __init__(self, limits: ClientLimits) -> None:
+        self.limits = limits
+        self.open: set[ServerConnection] = set()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def make_room(self) -> bool:
+        """At the cap, close the connection that has waited longest without a request in hand; False if none."""
+        if len(self.open) < self.limits.max_connections:
+            return True
+        candidates = [c for c in self.open if c.evictable()]
+        if not candidates:
+            self.counts["refused at the connection cap"] += 1
+            return False
+        victim = min(candidates, key=lambda c: c.waiting_since())
+        self.open.discard(victim)
+        if victim.transport is not None:
+            victim.transport.close()
+        self.counts["closed to make room at the connection cap"] += 1
+        return True
+
+    def sweep(self, now: float) -> None:
+        """Answer 408 to requests read too slowly and close idle keep-alive connections."""
+        limits = self.limits
+        for conn in list(self.open):
+            if conn.closed or conn._refusal is not None or conn._reading_paused:
+                continue
+            if conn.request_started is not None:
+                if conn.headers_done is None and now - conn.request_started > limits.header_timeout_s:
+                    self.counts["too slow sending headers"] += 1
+                    conn.refuse(408, f"request headers not complete within {limits.header_timeout_s:g} s")
+                elif conn.headers_done is not None and now - conn.headers_done > limits.body_timeout_s:
+                    self.counts["too slow sending a body"] += 1
+                    conn.refuse(408, f"request body not complete within {limits.body_timeout_s:g} s")
+            elif conn.task is None and now - conn.last_active > limits.idle_timeout_s and conn.transport:
+                conn.transport.close()
+
+    def take_counts(self) -> dict[str, int]:
+        counts = dict(self.counts)
+        self.counts.clear()
+        return counts
 
 
 class Request:
@@ -56,14 +124,16 @@ def _head(status: int, headers: list[tuple[str, str]]) -> bytearray:
 class ServerConnection(asyncio.Protocol):
     """One client connection. Requests are queued as they are parsed and handled one at a time, in order."""
 
-    def __init__(self, handler: Handler, max_body: int, connections: set[ServerConnection]) -> None:
-        self.handler, self.max_body, self.connections = handler, max_body, connections
+    def __init__(self, handler: Handler, table: ConnectionTable) -> None:
+        self.handler, self.table, self.max_body = handler, table, table.limits.max_body
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.pending: collections.deque[Request] = collections.deque()
         self.task: asyncio.Task[None] | None = None
         self.closed = False
         self.last_active = 0.0
+        self.request_started: float | None = None  # when the request being read began; None between requests
+        self.headers_done: float | None = None  # when its headers were complete
         self.on_pause: Callable[[bool], None] | None = None  # a stream's source, told when the client lags
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -77,11 +147,20 @@ class ServerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
         self.last_active = asyncio.get_running_loop().time()
-        self.connections.add(self)
+        if not self.table.make_room():
+            self._refusal = b""  # nothing more is read
+            message = "the gateway is at its connection cap; retry later"
+            body = json.dumps({"error": {"message": message, "type": "service_unavailable", "code": 503}}).encode()
+            fields = [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Connection", "close")]
+            transport.write(bytes(_head(503, fields)) + body)  # type: ignore[attr-defined]
+            transport.close()
+            self.closed = True
+            return
+        self.table.open.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.connections.discard(self)
+        self.table.open.discard(self)
         if self.task is not None:  # the client left: stop its request (the engine sees its connection close)
             self.task.cancel()
 
@@ -106,6 +185,7 @@ class ServerConnection(asyncio.Protocol):
     # --- httptools callbacks
     def on_message_begin(self) -> None:
         self._url, self._headers, self._body, self._size = b"", {}, [], 0
+        self.request_started, self.headers_done = asyncio.get_running_loop().time(), None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -114,6 +194,7 @@ class ServerConnection(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self.headers_done = asyncio.get_running_loop().time()
         length = self._headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body:
             self.refuse(413, f"request body over {self.max_body} bytes")
@@ -130,6 +211,7 @@ class ServerConnection(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self.request_started = self.headers_done = None
         if self._refusal is not None:
             return
         path = self._url.split(b"?", 1)[0].decode("latin-1")
@@ -167,6 +249,18 @@ class ServerConnection(asyncio.Protocol):
             self.last_active = asyncio.get_running_loop().time()
         if self._refusal is not None:
             self._send_refusal()
+
+    def evictable(self) -> bool:
+        """Holding nothing in hand: idle between requests, or still in the headers of one."""
+        return (
+            self.task is None
+            and not self.pending
+            and self._refusal is None
+            and (self.request_started is None or self.headers_done is None)
+        )
+
+    def waiting_since(self) -> float:
+        return self.request_started if self.request_started is not None else self.last_active
 
     def refuse(self, status: int, message: str) -> None:
         """Answer a request that cannot be read (after those before it are answered) and close the connection."""
@@ -243,12 +337,18 @@ class UpstreamConnection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self._length_known = False
         self._paused = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timeout_s = 0.0
+        self._last_data = 0.0  # when the engine last sent anything for the request in flight
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
+        self._loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()
         if self._done is not None and not self._done.done():
             if self._head is not None and self._head.done() and not self._length_known:
                 self._done.set_result(None)  # an answer delimited by the connection's end
@@ -256,11 +356,33 @@ class UpstreamConnection(asyncio.Protocol):
                 self._fail(UpstreamError(f"connection lost{f': {exc}' if exc else ''}"))
 
     def data_received(self, data: bytes) -> None:
+        if self._timer is not None:
+            self._last_data = self._loop.time()  # type: ignore[union-attr]
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"malformed HTTP answer: {exc}"))
             self.close()
+
+    def _check_silence(self) -> None:
+        """The timer: fail the request once the engine has sent nothing for the whole timeout. One timer a
+        request, re-armed for what is left rather than reset on every piece; a client holding the answer
+        back (reading paused) is not the engine's silence."""
+        assert self._loop is not None
+        self._timer = None
+        if self.closed or self._done is None or self._done.done():
+            return
+        quiet = self._loop.time() - self._last_data
+        if self._paused or quiet < self._timeout_s:
+            self._timer = self._loop.call_later(self._timeout_s - (0 if self._paused else quiet), self._check_silence)
+            return
+        self._fail(UpstreamTimeout(f"the engine sent nothing for {self._timeout_s:g} s"))
+        self.close()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _fail(self, exc: Exception) -> None:
         for future in (self._head, self._done):
@@ -288,17 +410,24 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()
+        self._disarm()
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
-    async def send(self, data: bytes) -> None:
-        """Send a whole request; returns once the answer's status and headers are in."""
+    async def send(self, data: bytes, timeout_s: float | None = None) -> None:
+        """Send a whole request; returns once the answer's status and headers are in. ``timeout_s``: the
+        longest the engine may send nothing (before the head, or between pieces of the body), after which
+        the request fails with :class:`UpstreamTimeout` and the connection is closed."""
         assert self.transport is not None
         loop = asyncio.get_running_loop()
         self.status, self.content_type, self.body, self.sink, self._length_known = 0, "", [], None, False
         self._head, self._done = loop.create_future(), loop.create_future()
         if self._paused:  # the last stream's client lagged as it ended
             self.pause(False)
+        self._disarm()
+        if timeout_s is not None:
+            self._timeout_s, self._last_data = timeout_s, loop.time()
+            self._timer = loop.call_later(timeout_s, self._check_silence)
         self.transport.write(data)
         await self._head
 
@@ -318,10 +447,12 @@ class UpstreamConnection(asyncio.Protocol):
             if paused:
                 self.transport.pause_reading()
             else:
+                self._last_data = self._loop.time() if self._loop is not None else 0.0  # silence counts from now
                 self.transport.resume_reading()
 
     def close(self) -> None:
         self.closed = True
+        self._disarm()
         if self.transport is not None:
             self.transport.close()
 

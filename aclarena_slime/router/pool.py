@@ -4,7 +4,10 @@ Every engine must hold every expert. The pool loads the experts at start and aga
 comes back (a restarted SGLang server has forgotten its dynamically loaded adapters). An engine is
 used only while healthy and only for adapters it holds; among those, the one with the fewest requests
 in flight serves, ties taken in turn. No engine left: :class:`NoEngine`, which the gateway answers
-with a 503 that says why.
+with a 503 that says why. ``/health`` can answer 200 while a request is stuck (SGLang's
+``health_generate`` counts any output since the check began, and skips generating at all with
+``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` off; our local and fake engines never generate for it),
+so an engine whose request timed out is held out of rotation for a while whatever /health says.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Engine:
     failed_adapters: dict[str, str] = field(default_factory=dict)
     in_flight: int = 0
     served: int = 0
+    held_until: float = 0.0  # loop time before which a good health check does not bring it back (stalled)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     connections: UpstreamPool = field(init=False, repr=False)  # keep-alive connections for proxied requests
 
@@ -125,12 +129,18 @@ class EnginePool:
         if not ok:
             self.mark_down(engine, why)
             return
+        if asyncio.get_running_loop().time() < engine.held_until:
+            return  # answers /health, but its last request stalled: kept out until the hold ends
         if not engine.healthy or set(self.loadable) - engine.adapters:
             await self.ensure_adapters(engine)
         engine.healthy, engine.reason = True, "ok"
 
-    def mark_down(self, engine: Engine, reason: str) -> None:
-        """Down engines forget their adapters and connections: if they come back, it is as a restarted server."""
+    def mark_down(self, engine: Engine, reason: str, hold_s: float = 0.0) -> None:
+        """Down engines forget their adapters and connections: if they come back, it is as a restarted server.
+        ``hold_s``: not back before that many seconds, however its health check answers."""
+        if hold_s > 0:
+            engine.held_until = asyncio.get_running_loop().time() + hold_s
+            reason = f"{reason} (held out for {hold_s:g} s)"
         if engine.healthy:
             log.warning("engine %s is down: %s", engine.url, reason)
         engine.healthy, engine.reason = False, reason

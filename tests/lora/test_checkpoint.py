@@ -142,3 +142,43 @@ def test_the_patched_loader_starts_a_fresh_stage_at_rollout_0_and_a_resumed_one_
         ddp2, optimizer2, scheduler2 = _fresh()
         loaded, _ = slime_model.load_checkpoint([ddp2], optimizer2, scheduler2)
     assert loaded + 1 == 5
+
+
+def test_a_save_killed_between_its_two_renames_is_recovered(tp1, tmp_path, monkeypatch):
+    """Saving an iteration again renames ``iter_N`` to ``.iter_N.old``, then the new one in: killed between the
+    two, ``latest`` names a missing folder. The load finds the data in ``.iter_N.old``; the next save puts it
+    back and clears what the killed save left."""
+    import os
+
+    with megatron_training_on_cpu():
+        ddp, optimizer, scheduler = _fresh()
+        train_step(ddp, optimizer, scheduler, IDS)
+        ckpt.save_adapter_checkpoint(tmp_path, 1, [ddp], optimizer, scheduler)
+        good = _adapter(ddp)
+        real_rename = os.rename
+
+        def dies_after_the_first(src, dst):
+            real_rename(src, dst)
+            if str(dst).endswith(".old"):
+                raise KeyboardInterrupt("killed between the renames")
+
+        monkeypatch.setattr(ckpt.os, "rename", dies_after_the_first)
+        train_step(ddp, optimizer, scheduler, IDS)
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.save_adapter_checkpoint(tmp_path, 1, [ddp], optimizer, scheduler)
+        monkeypatch.setattr(ckpt.os, "rename", real_rename)
+        assert not (tmp_path / "iter_0000001").exists() and (tmp_path / ".iter_0000001.old").is_dir()
+        assert ckpt.latest_iteration(tmp_path) == 1
+        ddp2, optimizer2, scheduler2 = _fresh()
+        assert ckpt.load_adapter_checkpoint(tmp_path, [ddp2], optimizer2, scheduler2) == 1
+        assert all(torch.equal(_adapter(ddp2)[k], v) for k, v in good.items())
+        (tmp_path / ".latest.tmp-99999").write_text("1\n")  # a tracker write killed before its replace
+        ckpt.save_adapter_checkpoint(tmp_path, 2, [ddp2], optimizer2, scheduler2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000001", "iter_0000002", "latest"]
+
+
+def test_a_tracker_naming_a_missing_checkpoint_says_what_is_there(tmp_path):
+    (tmp_path / "latest").write_text("7\n")
+    (tmp_path / ".iter_0000007.partial").mkdir()
+    with pytest.raises(RuntimeError, match=r"not a finished checkpoint.*iter_0000007 is missing.*\.iter_0000007\.partial"):
+        ckpt.latest_iteration(tmp_path)

@@ -12,6 +12,7 @@ import pytest
 
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.router import EnginePool, ExpertResolver, TagClassifier, build_app
+from aclarena_slime.router.gateway import GatewaySettings
 
 TAGS = ("math", "search", "retail", "ifeval")
 
@@ -43,10 +44,11 @@ async def gateway(
     api_key: str | None = None,
     classifier: TagClassifier | None = None,
     health_interval_s: float = 0.05,
+    settings: GatewaySettings | None = None,
 ) -> AsyncIterator[tuple[str, EnginePool]]:
     table = ExpertTable.load(manifest)
     pool = EnginePool(engine_urls, table, health_interval_s=health_interval_s, health_timeout_s=1.0)
-    app = build_app(pool, ExpertResolver(table, classifier), api_key=api_key)
+    app = build_app(pool, ExpertResolver(table, classifier), api_key=api_key, settings=settings)
     async with app.serving() as url:
         yield url, pool
 

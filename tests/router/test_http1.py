@@ -89,9 +89,9 @@ async def test_expect_continue_chunked_body_and_http_1_0(tiny_tokenizer, manifes
             writer.close()
 
 
-async def test_bad_requests_get_clear_errors(tiny_tokenizer, manifest, monkeypatch):
-    monkeypatch.setattr(gateway_module, "MAX_BODY_BYTES", 1000)
-    async with FakeSGLang(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest) as (url, _):
+async def test_bad_requests_get_clear_errors(tiny_tokenizer, manifest):
+    settings = gateway_module.GatewaySettings(max_body_bytes=1000)
+    async with FakeSGLang(tiny_tokenizer, ["ok"]) as a, gateway([a.url], manifest, settings=settings) as (url, _):
         async with client() as http:
             for method, path, status in [("GET", "/generate", 405), ("POST", "/nope", 404), ("POST", "/health", 405)]:
                 async with http.request(method, f"{url}{path}", data=BODY) as resp:
