@@ -19,7 +19,7 @@ from typing import Any
 from aclarena_slime.adapter_swap import split_version
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.plugin.contract import Done, Environment, EpisodeAborted, Observation, Score, Task
-from aclarena_slime.sglang_client import SGLangClient, SGLangError, finish_reason, output_tokens
+from aclarena_slime.sglang_client import SGLangClient, SGLangError, adapter_missing, finish_reason, output_tokens
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,10 @@ async def run_episode(
     try:
         episode = await env.start(task)
     except EpisodeAborted as exc:
-        return _ended(traj, ABORTED, "env_aborted", str(exc))
+        return _ended(_with_task_prompt(traj, task, chat), ABORTED, "env_aborted", str(exc))
     except Exception as exc:  # noqa: BLE001 - an env bug fails this sample, not the rollout
         log.exception("env %s failed to start an episode", type(env).__name__)
-        return _ended(traj, FAILED, "env_error", f"{type(exc).__name__}: {exc}")
+        return _ended(_with_task_prompt(traj, task, chat), FAILED, "env_error", f"{type(exc).__name__}: {exc}")
     try:
         return await _drive(env, episode, traj, client, chat, sampling_params, settings)
     finally:
@@ -164,8 +164,10 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
         try:
             response = await client.generate(traj.tokens, params, lora_path=settings.lora_path)
         except SGLangError as exc:
+            # The client has already waited out an engine restart (RetryPolicy); what reaches here fails the
+            # rollout, as slime's own generate does, the error naming the engine.
             pinned = settings.lora_path is not None and split_version(settings.lora_path)[1] is not None
-            if not pinned or exc.status not in (400, 404) or "not loaded" not in exc.message:
+            if not pinned or not adapter_missing(exc):
                 raise
             # The episode's adapter version was unloaded between its turns (it fell behind the staleness
             # budget): the episode ends here and is not trained on.
@@ -223,6 +225,17 @@ def _render_failed(env: Environment, traj: Trajectory, what: str, exc: Exception
     env's bug: the sample fails with the reason, the rollout goes on."""
     log.exception("the chat template cannot render the %s of env %s", what, type(env).__name__)
     return _ended(traj, FAILED, "render_error", f"cannot render the env's {what}: {type(exc).__name__}: {exc}")
+
+
+def _with_task_prompt(traj: Trajectory, task: Task, chat: ChatTokens) -> Trajectory:
+    """An episode the env could not start still carries its prompt's tokens (the record's own prompt, rendered):
+    slime's sample needs a non-empty ``tokens`` even when the sample is removed."""
+    messages = task.prompt if isinstance(task.prompt, list) else [{"role": "user", "content": str(task.prompt)}]
+    try:
+        traj.prompt_ids = chat.prompt_ids(valid_unicode(list(messages)))
+    except Exception:  # noqa: BLE001 - a prompt the template cannot render: its plain text's tokens
+        traj.prompt_ids = chat.encode(str(task.prompt))
+    return traj
 
 
 def _ended(traj: Trajectory, status: str, reason: str, error: str | None) -> Trajectory:

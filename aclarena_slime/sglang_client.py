@@ -3,17 +3,22 @@
 The HTTP session is passed in: a rollout shares one pooled session across its thousands of requests
 (the rollout context owns and closes it). A client given none opens one per request, which suits
 one-off callers (an adapter sync, a CLI command) and leaves nothing open behind them. Connection
-errors and 5xx answers are retried a bounded number of times with exponential backoff; 4xx answers
-are the caller's fault and raise at once, carrying the server's message.
+errors and 5xx answers are retried a bounded number of times (by default slime's own patience, so an
+engine that slime's fault tolerance restarts is waited for); 4xx answers are the caller's fault and raise
+at once, carrying the server's message. An engine that accepts a request and never answers it fails the
+request after ``read_timeout_s``. Every error names the engine's URL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+log = logging.getLogger(__name__)
 
 
 class SGLangError(RuntimeError):
@@ -24,12 +29,34 @@ class SGLangError(RuntimeError):
         self.url, self.status, self.message = url, status, message
 
 
-@dataclass(frozen=True)
+@dataclass
 class RetryPolicy:
-    attempts: int = 4
-    backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
+    """How long a request waits for its engine; a recipe sets it as ``custom.aclarena_engine``.
+
+    The defaults are slime's own patience (``slime/utils/http_utils.py`` ``_post``: 60 tries, 1 s apart),
+    which its engine fault tolerance assumes: an engine restarted within about a minute loses no sample.
+    The wait between tries starts at ``backoff_s`` and doubles up to ``max_backoff_s``. ``read_timeout_s``
+    bounds the wait for an answer once the request is sent (SGLang's ``/generate`` sends nothing until the
+    whole turn is generated, so it must exceed the slowest turn); a request that times out is not retried.
+    """
+
+    attempts: int = 60
+    backoff_s: float = 1.0
+    max_backoff_s: float = 1.0
     timeout_s: float | None = None  # total per request; None: generation can legitimately take minutes
+    read_timeout_s: float | None = 900.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"aclarena_engine.attempts must be at least 1, got {self.attempts}")
+        if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
+            raise ValueError(
+                f"aclarena_engine needs 0 <= backoff_s <= max_backoff_s, got {self.backoff_s} and {self.max_backoff_s}"
+            )
+        for name in ("timeout_s", "read_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"aclarena_engine.{name} must be positive (or null for no limit), got {value}")
 
 
 def new_session() -> aiohttp.ClientSession:
@@ -55,11 +82,13 @@ class SGLangClient:
 
     async def request(self, method: str, path: str, payload: Any = None) -> Any:
         url = f"{self.base_url}{path}"
-        timeout = aiohttp.ClientTimeout(total=self.retry.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.retry.timeout_s, sock_read=self.retry.read_timeout_s)
         delay = self.retry.backoff_s
         last_error: SGLangError | None = None
         for attempt in range(self.retry.attempts):
             if attempt:
+                if attempt == 1:
+                    log.warning("%s; retrying up to %d times", last_error, self.retry.attempts - 1)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry.max_backoff_s)
             try:
@@ -69,9 +98,17 @@ class SGLangClient:
                 last_error = SGLangError(url, status, _error_message(body))
                 if status < 500:
                     raise last_error
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
+            except asyncio.TimeoutError as exc:
+                # The engine took the request and did not answer in time: a stuck engine, not a restarting one.
+                limits = f"read_timeout_s {self.retry.read_timeout_s}, timeout_s {self.retry.timeout_s}"
+                raise SGLangError(url, None, f"no answer within the time allowed ({limits})") from exc
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last_error = SGLangError(url, None, f"{type(exc).__name__}: {exc}")
         assert last_error is not None
+        if self.retry.attempts > 1:
+            last_error = SGLangError(
+                last_error.url, last_error.status, f"{last_error.message} (gave up after {self.retry.attempts} tries)"
+            )
         raise last_error
 
     async def _send(self, method: str, url: str, payload: Any, timeout: aiohttp.ClientTimeout) -> tuple[int, str, str]:
@@ -103,7 +140,12 @@ class SGLangClient:
         if lora_path is not None:
             payload["lora_path"] = lora_path
         payload.update(extra or {})
-        return await self.post("/generate", payload)
+        response = await self.post("/generate", payload)
+        if not isinstance(response, dict):
+            # A proxy's error page or a truncated body behind a 200: say so, naming the engine.
+            shown = response[:200] if isinstance(response, str) else repr(response)
+            raise SGLangError(f"{self.base_url}/generate", 200, f"the answer is not a JSON object: {shown!r}")
+        return response
 
     async def healthy(self) -> bool:
         try:
@@ -157,6 +199,18 @@ def _error_message(body: str) -> str:
                 value = data[key]
                 return value.get("message", str(value)) if isinstance(value, dict) else str(value)
     return str(data)[:2000]
+
+
+# How an engine says that the adapter a request names is not there (HTTP 400): our local and fake engines say
+# "not loaded"; SGLang 0.5.15 (python/sglang/srt/managers/tokenizer_manager.py, _resolve_lora_path) says
+# "Got LoRA adapter that has never been loaded: NAME" after a restart and "Failed to implicitly load LoRA adapter
+# NAME: ..." when the folder of an adapter it unloaded is gone (it reloads unloaded adapters by their path).
+ADAPTER_MISSING_WORDINGS = ("not loaded", "has never been loaded", "Failed to implicitly load LoRA adapter")
+
+
+def adapter_missing(exc: SGLangError) -> bool:
+    """Whether the engine refused the request because the adapter it names is not (or no longer) loaded."""
+    return exc.status in (400, 404) and any(wording in exc.message for wording in ADAPTER_MISSING_WORDINGS)
 
 
 def output_tokens(response: dict[str, Any]) -> tuple[list[int], list[float]]:

@@ -22,6 +22,7 @@ from aclarena_slime.distill.mopd import MopdSettings
 from aclarena_slime.group_rewards import FilterSettings
 from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.rollout import response_budget_mode
+from aclarena_slime.sglang_client import RetryPolicy
 from aclarena_slime.tis import TisSettings
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class CustomConfig:
     aclarena_replay: ReplaySettings | None = None  # replay of earlier domains (set by the curriculum)
     aclarena_balance_key: str | None = None  # the metadata key the balanced data source splits on
     aclarena_sft_filter: SftFilterSettings | None = None  # an SFT warm start's teacher-rollout filter
+    # How long a rollout request waits for its engine (tries, the wait between them, the read timeout); None:
+    # slime's own patience (sglang_client.RetryPolicy).
+    aclarena_engine: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
         response_budget_mode(self.aclarena_response_budget)  # a misspelt budget fails when the recipe composes
@@ -117,6 +121,10 @@ def mopd(args: Any) -> MopdSettings:
 
 def replay(args: Any) -> ReplaySettings | None:
     return _section(args, "aclarena_replay", ReplaySettings)
+
+
+def engine(args: Any) -> RetryPolicy:
+    return _section(args, "aclarena_engine", RetryPolicy) or RetryPolicy()
 
 
 def balance_key(args: Any) -> str | None:
