@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -83,6 +85,29 @@ def held_head(ray: RayConfig, num_gpus: int) -> Iterator[bool]:
     finally:
         if started:
             stop_head()
+
+
+ABANDONED_STOP_TIMEOUT_S = 120.0  # how long ``ray job stop`` of an abandoned job may take (it waits for the end)
+
+
+def submit_or_stop(argv: Sequence[str]) -> int:
+    """``ray job submit`` (``argv``, as the compiler writes it) under a submission id of its own; if this process
+    stops waiting (Ctrl-C, SIGTERM or SIGHUP turned into an exit, any exception), ``ray job stop`` that job: the
+    ``ray job submit`` client dies with us, the job it submitted would train on. ``kill -9`` cannot be caught."""
+    argv = list(argv)
+    submission = f"aclarena-{uuid.uuid4().hex[:12]}"
+    argv.insert(argv.index("submit") + 1, f"--submission-id={submission}")
+    dashboard = next(a.split("=", 1)[1] for a in argv if a.startswith("--address="))
+    try:
+        return submit(argv)
+    except BaseException:
+        stop = [_ray(), "job", "stop", f"--address={dashboard}", submission]
+        print(f"[ray] the launcher is stopping; stopping its job: {' '.join(stop)}", file=sys.stderr)
+        try:
+            subprocess.run(stop, check=False, timeout=ABANDONED_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"[ray] ray job stop {submission} did not return in {ABANDONED_STOP_TIMEOUT_S:.0f}s", file=sys.stderr)
+        raise
 
 
 def slime_head(recipes: Sequence[StageRecipe]) -> Any:

@@ -148,7 +148,7 @@ def _run_slime(recipe: StageRecipe) -> StageResult:
     # A head that answers (a curriculum's, or the user's) is reused and left up; one started here is stopped here.
     with ray_job.held_head(ray, recipe.cluster.num_gpus_per_node):
         ray_job.require_gpus(ray, ray_job.gpus_needed(recipe.cluster, engines))
-        status = ray_job.submit(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
+        status = ray_job.submit_or_stop(command.submit_argv(f"http://{ray.address}:{ray.dashboard_port}"))
     result = StageResult(status, "slime", checkpoint=recipe.checkpoint.save, hf_checkpoint=recipe.checkpoint.save_hf)
     read_monitor_report(result, command.custom_config.get("aclarena_monitor"))
     lora = command.custom_config.get("aclarena_lora")
