@@ -148,8 +148,10 @@ class SGLangClient:
         return response
 
     async def healthy(self) -> bool:
+        """One ``/health`` probe, not retried: a probe answers now, it does not wait out a restart."""
+        once = RetryPolicy(attempts=1, timeout_s=self.retry.timeout_s, read_timeout_s=self.retry.read_timeout_s)
         try:
-            await self.request("GET", "/health")
+            await SGLangClient(self.base_url, once, self.headers, self.session).request("GET", "/health")
         except SGLangError:
             return False
         return True

@@ -165,6 +165,20 @@ async def test_an_engine_that_accepts_and_never_answers_fails_the_request_in_bou
     assert url in str(info.value) and calls == [1], "a stuck engine is not asked again"
 
 
+async def test_a_health_probe_is_one_try_whatever_the_patience():
+    probes: list[int] = []
+
+    async def health(request: web.Request) -> web.Response:
+        probes.append(1)
+        return web.Response(status=503, text="restarting")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    async with serving(app) as url:
+        assert not await SGLangClient(url, retry=RetryPolicy(attempts=60, backoff_s=1.0)).healthy()
+    assert probes == [1]
+
+
 def test_bad_patience_settings_are_refused():
     with pytest.raises(ValueError, match="attempts must be at least 1"):
         RetryPolicy(attempts=0)
