@@ -54,7 +54,14 @@ class Manifest:
         return entry
 
     def set_expert(self, tag: str, adapter: str, stage: str, base: dict[str, Any] | None) -> None:
-        self.finish_stage(stage, expert=(tag, adapter, base))
+        self._register(tag, adapter, stage, base)
+        self.save()
+        self.write_experts()
+
+    def _register(self, tag: str, adapter: str, stage: str, base: dict[str, Any] | None) -> None:
+        self.data["experts"][tag] = {"adapter": tag, "path": adapter, "stage": stage}
+        if base is not None:
+            self.data["base"] = base
 
     def finish_stage(self, name: str, expert: tuple[str, str, dict[str, Any] | None] | None = None, **values: Any) -> None:
         """Record a stage's result and, when it is an expert (``(tag, adapter, base)``), register the expert in
@@ -66,10 +73,7 @@ class Manifest:
             self.data["stages"].append(entry)
         entry.update(values)
         if expert is not None:
-            tag, adapter, base = expert
-            self.data["experts"][tag] = {"adapter": tag, "path": adapter, "stage": name}
-            if base is not None:
-                self.data["base"] = base
+            self._register(expert[0], expert[1], name, expert[2])
         self.save()
         if expert is not None:
             self.write_experts()
