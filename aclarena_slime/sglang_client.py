@@ -44,7 +44,8 @@ class RetryPolicy:
     backoff_s: float = 1.0
     max_backoff_s: float = 1.0
     timeout_s: float | None = None  # total per request; None: generation can legitimately take minutes
-    read_timeout_s: float | None = 900.0
+    # A turn of 8k tokens at 10 tok/s (a loaded colocated engine) takes ~14 min: an hour is generous and still bounded.
+    read_timeout_s: float | None = 3600.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
