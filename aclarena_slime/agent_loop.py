@@ -136,10 +136,10 @@ async def run_episode(
     try:
         episode = await env.start(task)
     except EpisodeAborted as exc:
-        return _ended(traj, ABORTED, "env_aborted", str(exc))
+        return _ended(_with_task_prompt(traj, task, chat), ABORTED, "env_aborted", str(exc))
     except Exception as exc:  # noqa: BLE001 - an env bug fails this sample, not the rollout
         log.exception("env %s failed to start an episode", type(env).__name__)
-        return _ended(traj, FAILED, "env_error", f"{type(exc).__name__}: {exc}")
+        return _ended(_with_task_prompt(traj, task, chat), FAILED, "env_error", f"{type(exc).__name__}: {exc}")
     try:
         return await _drive(env, episode, traj, client, chat, sampling_params, settings)
     finally:
@@ -165,6 +165,8 @@ async def _drive(env, episode, traj, client, chat, sampling_params, settings) ->
         try:
             response = await client.generate(traj.tokens, params, lora_path=settings.lora_path)
         except SGLangError as exc:
+            # The client has already waited out an engine restart (RetryPolicy); what reaches here fails the
+            # rollout, as slime's own generate does, the error naming the engine.
             pinned = settings.lora_path is not None and split_version(settings.lora_path)[1] is not None
             if not pinned or not is_adapter_missing(exc.status, exc.message):
                 raise
@@ -224,6 +226,17 @@ def _render_failed(env: Environment, traj: Trajectory, what: str, exc: Exception
     env's bug: the sample fails with the reason, the rollout goes on."""
     log.exception("the chat template cannot render the %s of env %s", what, type(env).__name__)
     return _ended(traj, FAILED, "render_error", f"cannot render the env's {what}: {type(exc).__name__}: {exc}")
+
+
+def _with_task_prompt(traj: Trajectory, task: Task, chat: ChatTokens) -> Trajectory:
+    """An episode the env could not start still carries its prompt's tokens (the record's own prompt, rendered):
+    slime's sample needs a non-empty ``tokens`` even when the sample is removed."""
+    messages = task.prompt if isinstance(task.prompt, list) else [{"role": "user", "content": str(task.prompt)}]
+    try:
+        traj.prompt_ids = chat.prompt_ids(valid_unicode(list(messages)))
+    except Exception:  # noqa: BLE001 - a prompt the template cannot render: its plain text's tokens
+        traj.prompt_ids = chat.encode(str(task.prompt))
+    return traj
 
 
 def _ended(traj: Trajectory, status: str, reason: str, error: str | None) -> Trajectory:

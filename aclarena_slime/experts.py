@@ -69,19 +69,30 @@ class ExpertTable:
     def from_mapping(cls, data: Mapping[str, Any], root: str | Path | None = None) -> ExpertTable:
         """Build from a manifest dict, or from the short form ``{tag: adapter_name}`` a recipe may give."""
         root_path = Path(root).resolve() if root is not None else None
+        if not isinstance(data, Mapping):
+            raise ExpertError(f"an expert manifest is a JSON object, got {type(data).__name__}")
         if "experts" not in data:
-            data = {"version": MANIFEST_VERSION, "experts": {t: {"adapter": a} for t, a in data.items()}}
+            data = {"version": MANIFEST_VERSION, "experts": dict(data)}
         if data.get("version", MANIFEST_VERSION) != MANIFEST_VERSION:
             raise ExpertError(f"unsupported expert manifest version {data.get('version')!r}")
+        entries, base = data.get("experts") or {}, data.get("base") or {}
+        if not isinstance(entries, Mapping) or not isinstance(base, Mapping):
+            raise ExpertError("an expert manifest's 'experts' and 'base' are JSON objects")
         experts: dict[str, Expert] = {}
-        for tag, entry in (data.get("experts") or {}).items():
+        for tag, entry in entries.items():
             if isinstance(entry, str):
                 entry = {"adapter": entry}
-            adapter = str(entry.get("adapter", tag))
+            if not isinstance(entry, Mapping) or not all(
+                isinstance(entry.get(key), str | None) for key in ("adapter", "path", "stage")
+            ):
+                raise ExpertError(
+                    f"expert {tag!r}: expected an adapter name or an object with string 'adapter', 'path', 'stage'; "
+                    f"got {json.dumps(entry, default=str)[:200]}"
+                )
+            adapter = tag if entry.get("adapter") is None else entry["adapter"]
             validate_adapter_name(adapter)
             path = resolve_inside(root_path, entry["path"]) if entry.get("path") and root_path else None
             experts[tag] = Expert(tag=tag, adapter=adapter, path=path, stage=entry.get("stage"))
-        base = data.get("base") or {}
         default = data.get("default")
         if default is not None and default not in experts:
             raise ExpertError(f"default expert {default!r} is not one of the experts: {', '.join(sorted(experts))}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,10 @@ def write_jsonl_atomic(records: Iterable[dict[str, Any]], output: str | Path) ->
     """Write ``records`` one per line through a temporary file; returns how many were written."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(output.name + ".tmp")
+    tmp = _temp_name(output)
     n = 0
     try:
-        with tmp.open("w", encoding="utf-8") as f:
+        with tmp.open("x", encoding="utf-8") as f:
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 n += 1
@@ -56,10 +57,20 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write one JSON document through a synced temporary file: a reader sees the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = _temp_name(path)
+    try:
+        with tmp.open("x", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _temp_name(path: Path) -> Path:
+    """A temporary file beside ``path`` that no other writer uses: two writers of one file (two processes, two
+    threads) each rename their own whole file into place, the last one wins, neither renames the other's."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")

@@ -25,7 +25,7 @@ from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.plugin.contract import Done, Environment, Task
 from aclarena_slime.plugin.registry import get_environment
-from aclarena_slime.sglang_client import SGLangClient, new_session
+from aclarena_slime.sglang_client import RetryPolicy, SGLangClient, new_session
 
 RECORD_KEY = "aclarena"
 RESPONSE_BUDGETS = ("total", "per_turn")  # what max_response_len bounds; see Budgets
@@ -107,6 +107,7 @@ class RolloutContext:
     # When set, each episode is pinned to the expert's current version (``search@12``) for all its turns
     # and its sample records that version and its staleness (see aclarena_slime.adapter_swap).
     ledger: AdapterLedger | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # how long a request waits for its engine
     envs: dict[str, Environment] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
     loop: asyncio.AbstractEventLoop | None = None
@@ -130,7 +131,7 @@ class RolloutContext:
             self.session, self.loop = new_session(), loop
         elif self.loop is not loop:
             raise RuntimeError("a RolloutContext belongs to the event loop it first ran on; build one per loop")
-        return SGLangClient(url or self.engine_url, session=self.session)
+        return SGLangClient(url or self.engine_url, retry=self.retry, session=self.session)
 
     def adapter(self, tag: str) -> str | None:
         return self.experts.adapter_for(tag) if self.experts is not None else None

@@ -3,17 +3,22 @@
 The HTTP session is passed in: a rollout shares one pooled session across its thousands of requests
 (the rollout context owns and closes it). A client given none opens one per request, which suits
 one-off callers (an adapter sync, a CLI command) and leaves nothing open behind them. Connection
-errors and 5xx answers are retried a bounded number of times with exponential backoff; 4xx answers
-are the caller's fault and raise at once, carrying the server's message.
+errors and 5xx answers are retried a bounded number of times (by default slime's own patience, so an
+engine that slime's fault tolerance restarts is waited for); 4xx answers are the caller's fault and raise
+at once, carrying the server's message. An engine that accepts a request and never answers it fails the
+request after ``read_timeout_s``. Every error names the engine's URL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+log = logging.getLogger(__name__)
 
 
 class SGLangError(RuntimeError):
@@ -24,12 +29,35 @@ class SGLangError(RuntimeError):
         self.url, self.status, self.message = url, status, message
 
 
-@dataclass(frozen=True)
+@dataclass
 class RetryPolicy:
-    attempts: int = 4
-    backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
+    """How long a request waits for its engine; a recipe sets it as ``custom.aclarena_engine``.
+
+    The defaults are slime's own patience (``slime/utils/http_utils.py`` ``_post``: 60 tries, 1 s apart),
+    which its engine fault tolerance assumes: an engine restarted within about a minute loses no sample.
+    The wait between tries starts at ``backoff_s`` and doubles up to ``max_backoff_s``. ``read_timeout_s``
+    bounds the wait for an answer once the request is sent (SGLang's ``/generate`` sends nothing until the
+    whole turn is generated, so it must exceed the slowest turn); a request that times out is not retried.
+    """
+
+    attempts: int = 60
+    backoff_s: float = 1.0
+    max_backoff_s: float = 1.0
     timeout_s: float | None = None  # total per request; None: generation can legitimately take minutes
+    # A turn of 8k tokens at 10 tok/s (a loaded colocated engine) takes ~14 min: an hour is generous and still bounded.
+    read_timeout_s: float | None = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"aclarena_engine.attempts must be at least 1, got {self.attempts}")
+        if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
+            raise ValueError(
+                f"aclarena_engine needs 0 <= backoff_s <= max_backoff_s, got {self.backoff_s} and {self.max_backoff_s}"
+            )
+        for name in ("timeout_s", "read_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"aclarena_engine.{name} must be positive (or null for no limit), got {value}")
 
 
 def new_session() -> aiohttp.ClientSession:
@@ -55,11 +83,13 @@ class SGLangClient:
 
     async def request(self, method: str, path: str, payload: Any = None) -> Any:
         url = f"{self.base_url}{path}"
-        timeout = aiohttp.ClientTimeout(total=self.retry.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.retry.timeout_s, sock_read=self.retry.read_timeout_s)
         delay = self.retry.backoff_s
         last_error: SGLangError | None = None
         for attempt in range(self.retry.attempts):
             if attempt:
+                if attempt == 1:
+                    log.warning("%s; retrying up to %d times", last_error, self.retry.attempts - 1)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry.max_backoff_s)
             try:
@@ -69,9 +99,17 @@ class SGLangClient:
                 last_error = SGLangError(url, status, _error_message(body))
                 if status < 500:
                     raise last_error
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
+            except asyncio.TimeoutError as exc:
+                # The engine took the request and did not answer in time: a stuck engine, not a restarting one.
+                limits = f"read_timeout_s {self.retry.read_timeout_s}, timeout_s {self.retry.timeout_s}"
+                raise SGLangError(url, None, f"no answer within the time allowed ({limits})") from exc
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last_error = SGLangError(url, None, f"{type(exc).__name__}: {exc}")
         assert last_error is not None
+        if self.retry.attempts > 1:
+            last_error = SGLangError(
+                last_error.url, last_error.status, f"{last_error.message} (gave up after {self.retry.attempts} tries)"
+            )
         raise last_error
 
     async def _send(self, method: str, url: str, payload: Any, timeout: aiohttp.ClientTimeout) -> tuple[int, str, str]:
@@ -103,11 +141,18 @@ class SGLangClient:
         if lora_path is not None:
             payload["lora_path"] = lora_path
         payload.update(extra or {})
-        return await self.post("/generate", payload)
+        response = await self.post("/generate", payload)
+        if not isinstance(response, dict):
+            # A proxy's error page or a truncated body behind a 200: say so, naming the engine.
+            shown = response[:200] if isinstance(response, str) else repr(response)
+            raise SGLangError(f"{self.base_url}/generate", 200, f"the answer is not a JSON object: {shown!r}")
+        return response
 
     async def healthy(self) -> bool:
+        """One ``/health`` probe, not retried: a probe answers now, it does not wait out a restart."""
+        once = RetryPolicy(attempts=1, timeout_s=self.retry.timeout_s, read_timeout_s=self.retry.read_timeout_s)
         try:
-            await self.request("GET", "/health")
+            await SGLangClient(self.base_url, once, self.headers, self.session).request("GET", "/health")
         except SGLangError:
             return False
         return True

@@ -62,3 +62,22 @@ def test_save_writes_what_load_reads_and_keeps_outside_paths_absolute(tmp_path):
     assert written["experts"] == MANIFEST["experts"] and written["base"] == {"name": "b", "path": str(outside)}
     again = ExpertTable.load(tmp_path / "out" / "experts.json")
     assert again.to_mapping() == written and again.base_path == outside
+
+
+@pytest.mark.parametrize(
+    "manifest, words",
+    [
+        ({"version": 1, "experts": {"math": 5}}, "expert 'math': expected an adapter name or an object"),
+        ({"version": 1, "experts": {"math": ["a"]}}, "expert 'math'"),
+        ({"version": 1, "experts": {"math": {"adapter": "math", "path": 3}}}, "expert 'math'"),
+        ({"version": 1, "experts": ["math"]}, "'experts' and 'base' are JSON objects"),
+        ({"version": 1, "base": "b", "experts": {}}, "'experts' and 'base' are JSON objects"),
+        (["math"], "is a JSON object, got list"),
+        ({"math": 5}, "expert 'math'"),
+    ],
+)
+def test_a_malformed_manifest_is_an_expert_error_not_a_traceback(tmp_path, manifest, words):
+    """serve-router turns an ExpertError into a one-line error; anything else was a traceback."""
+    (tmp_path / "experts.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExpertError, match=words):
+        ExpertTable.load(tmp_path / "experts.json")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from aclarena_slime.jsonl import JsonlError, iter_jsonl, write_json_atomic, write_jsonl_atomic
@@ -46,3 +48,31 @@ def test_json_document_is_replaced_whole(tmp_path):
     write_json_atomic(path, {"b": "é"})
     assert json.loads(path.read_text()) == {"b": "é"}
     assert [p.name for p in path.parent.iterdir()] == ["metrics.json"]
+
+
+@pytest.mark.parametrize("write", ["json", "jsonl"])
+def test_two_writers_of_one_file_never_trip_over_each_others_temp_file(tmp_path, write):
+    """Two runs writing one manifest at once (one fixed temp name: one renames the other's half-written file,
+    or finds its own gone). Each write lands whole, and no temp file is left behind."""
+    import threading
+
+    path = tmp_path / "manifest.json"
+    errors: list[BaseException] = []
+
+    def writer(who: int) -> None:
+        try:
+            for i in range(150):
+                doc = {"who": who, "i": i, "pad": "x" * 20000}
+                write_json_atomic(path, doc) if write == "json" else write_jsonl_atomic([doc], path)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(who,)) for who in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    text = path.read_text()
+    assert json.loads(text if write == "json" else text.splitlines()[0])["i"] == 149
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]

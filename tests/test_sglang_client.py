@@ -93,3 +93,102 @@ async def test_a_given_session_reuses_its_connection_across_requests():
 
 async def test_without_a_session_each_request_opens_and_closes_its_own():
     assert len(await _peers_of_five_requests(None)) == 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_default_patience_is_slimes():
+    """slime's generate retries 60 times, 1 s apart (slime/utils/http_utils.py ``_post``, slime 624b824)."""
+    policy = RetryPolicy()
+    assert (policy.attempts, policy.backoff_s, policy.max_backoff_s) == (60, 1.0, 1.0)
+    assert policy.read_timeout_s is not None, "an engine that never answers must not hang a rollout"
+
+
+@pytest.mark.slow
+async def test_an_engine_down_for_four_seconds_loses_no_request():
+    """The fault-injection finding: an engine restarted 5 s after kill -9 failed the samples in flight (the old
+    policy gave up after 0.5 + 1 + 2 s)."""
+    import asyncio
+
+    port = _free_port()
+    seen: list[dict] = []
+
+    async def restart_later() -> None:
+        await asyncio.sleep(4.0)
+        async with serving(_app([], seen), port=port):
+            await asyncio.sleep(3.0)
+
+    engine = asyncio.ensure_future(restart_later())
+    try:
+        out = await SGLangClient(f"http://127.0.0.1:{port}").generate([1], {})
+    finally:
+        engine.cancel()
+    assert output_tokens(out) == ([7], [-0.5]) and len(seen) == 1
+
+
+async def test_a_200_that_is_not_json_is_an_error_naming_the_engine():
+    async def generate(request: web.Request) -> web.Response:
+        return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    async with serving(app) as url:
+        with pytest.raises(SGLangError, match="not a JSON object") as info:
+            await SGLangClient(url, retry=FAST).generate([1], {})
+    assert url in str(info.value) and "502 Bad Gateway" in str(info.value)
+
+
+async def test_an_engine_that_accepts_and_never_answers_fails_the_request_in_bounded_time():
+    import asyncio
+
+    release = asyncio.Event()
+    calls: list[int] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        calls.append(1)
+        await release.wait()  # a stuck scheduler: the request is taken, nothing comes back
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    async with serving(app) as url:
+        client = SGLangClient(url, retry=RetryPolicy(attempts=3, backoff_s=0.01, read_timeout_s=0.3))
+        try:
+            with pytest.raises(SGLangError, match="no answer within") as info:
+                await asyncio.wait_for(client.generate([1], {}), timeout=10)
+        finally:
+            release.set()
+    assert url in str(info.value) and calls == [1], "a stuck engine is not asked again"
+
+
+async def test_a_health_probe_is_one_try_whatever_the_patience():
+    probes: list[int] = []
+
+    async def health(request: web.Request) -> web.Response:
+        probes.append(1)
+        return web.Response(status=503, text="restarting")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    async with serving(app) as url:
+        assert not await SGLangClient(url, retry=RetryPolicy(attempts=60, backoff_s=1.0)).healthy()
+    assert probes == [1]
+
+
+def test_bad_patience_settings_are_refused():
+    with pytest.raises(ValueError, match="attempts must be at least 1"):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ValueError, match="read_timeout_s must be positive"):
+        RetryPolicy(read_timeout_s=0)
+
+
+async def test_a_give_up_says_how_many_tries_it_made():
+    seen: list[dict] = []
+    async with serving(_app([503] * 5, seen)) as url:
+        with pytest.raises(SGLangError, match=r"gave up after 3 tries") as info:
+            await SGLangClient(url, retry=FAST).generate([1], {})
+    assert f"{url}/generate" in str(info.value)

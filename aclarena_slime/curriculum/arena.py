@@ -208,13 +208,14 @@ def matrix_command(index: dict[str, Any], out: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from aclarena_slime.curriculum.runner import CurriculumFailed
+    from aclarena_slime.curriculum.runner import CurriculumFailed, exit_on_signals
 
     parser = argparse.ArgumentParser(prog="launch/curriculum.sh", description="Run an arena: every method, one seed.")
     parser.add_argument("arena", help="recipes/curriculum/arena_local.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the arena file, e.g. seed=1")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
     args = parser.parse_intermixed_args(argv)
+    exit_on_signals()  # as one curriculum: a stopped arena stops its job and its evaluation
     try:
         index = run_arena(args.arena, args.overrides, args.methods)
     except (RecipeError, MethodError, CurriculumFailed, ValueError) as exc:

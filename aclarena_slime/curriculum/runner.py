@@ -8,17 +8,25 @@ resumes its adapter and optimizer state from the last adapter checkpoint under i
 (``aclarena_slime.lora.checkpoint``; the manifest records the iteration). A stage that the local
 backend runs gets the local profile, as ``launch/stage.sh`` gives it. A curriculum with a ``reuse`` folder
 takes a stage that another curriculum already finished identically from it (:mod:`.reuse`).
+
+"Done" means done and registered: an expert stage is recorded done in the same manifest write that registers
+its expert, and a rerun re-registers a done stage whose expert is missing. One run at a time holds the output
+folder (a lock naming its pid). An evaluation cut short resumes; the evaluation command runs in its own process
+group, stopped with the curriculum (and, for ``kill -9`` of the curriculum, sent SIGTERM by the kernel).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +39,9 @@ from aclarena_slime.curriculum.config import (
 )
 from aclarena_slime.curriculum.cost import stage_cost
 from aclarena_slime.curriculum.distill_step import data_path, distill_overrides, dump_dir, make_stage_data
-from aclarena_slime.curriculum.manifest import DONE, FAILED, RUNNING, Manifest
+from aclarena_slime.curriculum.manifest import DONE, FAILED, MANIFEST_NAME, RUNNING, Manifest
 from aclarena_slime.curriculum.sections import anchor_overrides, attach_monitor, attach_replay, lineage_overrides
-from aclarena_slime.experts import EXPERTS_NAME
+from aclarena_slime.experts import EXPERTS_NAME, ExpertError
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.hf_export import ExportError
 from aclarena_slime.launcher.ray_job import RayError, slime_head
@@ -48,6 +56,9 @@ StageRunner = Callable[[StageRecipe], StageResult]
 HeadHolder = Callable[[list[StageRecipe]], AbstractContextManager[Any]]
 # (stage name, its manifest entry, results folder) -> path of summary.json, or None when not evaluated
 Evaluator = Callable[[str, dict[str, Any], Path], "Path | None"]
+LOCK_NAME = ".curriculum.lock"
+EVAL_STOP_WAIT_S = 10.0  # how long a stopped evaluation may take to exit before it is killed
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class CurriculumFailed(RuntimeError):
@@ -63,7 +74,11 @@ def default_stage_runner(recipe: StageRecipe) -> StageResult:
 
 
 def command_evaluator(command: list[str]) -> Evaluator:
-    """Run ``command`` (placeholders filled from the stage's entry) after each stage."""
+    """Run ``command`` (placeholders filled from the stage's entry) after each stage.
+
+    When ``{out}`` already holds samples (an evaluation cut short), ``--resume`` is added, as ``aclarena eval
+    run`` takes it: the run redoes only what is missing instead of refusing the folder.
+    """
 
     def evaluate(stage: str, entry: dict[str, Any], out: Path) -> Path | None:
         if not command:
@@ -80,13 +95,86 @@ def command_evaluator(command: list[str]) -> Evaluator:
             "out": str(out),
         }
         argv = [part.format(**values) for part in command]
+        if "--resume" not in argv and any((out / "samples").glob("*.jsonl")):
+            argv.append("--resume")
         print(f"[curriculum] evaluating {stage}: {' '.join(argv)}", file=sys.stderr)
-        if subprocess.run(argv, check=False).returncode != 0:
+        if run_child(argv) != 0:
             raise CurriculumFailed(f"evaluation of {stage} failed: {' '.join(argv)}")
         summary = out / "summary.json"
         return summary if summary.exists() else None
 
     return evaluate
+
+
+def run_child(argv: list[str]) -> int:
+    """Run ``argv`` in its own process group and wait; if the wait ends any other way (an exception, a signal
+    turned into one by :func:`exit_on_signals`), the whole group is stopped: an evaluation holds an engine."""
+    child = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent())
+    try:
+        return child.wait()
+    finally:
+        if child.poll() is None:
+            _stop_group(child)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """What the child runs before ``exec``: SIGTERM to it when the curriculum dies, even by ``kill -9`` (Linux's
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere None). Looked up here, in the parent: the child only calls it."""
+    import ctypes
+    import functools
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return functools.partial(prctl, _PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+def _stop_group(child: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=EVAL_STOP_WAIT_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP end the process as Ctrl-C does, through every ``finally``: the evaluation's process
+    group, the Ray job and the output lock are released instead of left behind."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+@contextmanager
+def output_lock(output_dir: Path) -> Iterator[None]:
+    """Hold ``output_dir`` for this run: a second run of the curriculum into the same folders is refused, naming
+    the pid that holds it (an advisory ``flock``, released by the kernel when the holder dies)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise CurriculumFailed(
+                f"{output_dir} is in use by another run of a curriculum (pid {holder}, lock {path}); wait for it to "
+                "end or choose another output_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def stage_recipe(config: CurriculumConfig, file: Path, entry: StageEntry, source: dict[str, Any] | None) -> StageRecipe:
@@ -143,8 +231,35 @@ def run_curriculum(
         source = before.name if entry.start == "previous" and before else entry.start
         if source in built:  # an iteration of the stage it starts from: one that stage writes
             check_ckpt_step(built[entry.name], built[source])
-    with head(slime_recipes(list(built.values()))):
+    _check_expert_paths(config, built)
+    with output_lock(Path(config.output_dir)), head(slime_recipes(list(built.values()))):
         return _run_stages(config, file, runner, evaluator)
+
+
+def expert_adapter(recipe: StageRecipe) -> str | None:
+    """Where the stage's backend writes the adapter its expert is (None: no adapter, or no backend here)."""
+    try:
+        backend = choose_backend(recipe.cluster.backend).name
+    except BackendUnavailable:
+        return None  # the stage runner reports it
+    if backend == "local":
+        return f"{recipe.run_dir}/local"  # the local backend's outputs, its adapter among them
+    if not recipe.lora.enabled:
+        return None
+    sync_dir = recipe.lora.sync_dir or f"{recipe.checkpoint.save}/adapters"  # as the compiler resolves it
+    return f"{sync_dir}/{recipe.lora.adapter_name or recipe.data.env}"
+
+
+def _check_expert_paths(config: CurriculumConfig, built: dict[str, StageRecipe]) -> None:
+    """Every expert's adapter inside the output folder, checked before anything trains."""
+    manifest = Manifest(Path(config.output_dir) / MANIFEST_NAME)
+    for entry in config.stages:
+        adapter = expert_adapter(built[entry.name]) if entry.expert else None
+        if adapter is not None:
+            try:
+                manifest.check_expert_path(adapter, entry.name)
+            except ExpertError as exc:
+                raise CurriculumFailed(str(exc)) from exc
 
 
 def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evaluator: Evaluator | None) -> Manifest:
@@ -156,6 +271,8 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
     for entry in config.stages:
         source_name = previous if entry.start == "previous" else (None if entry.start == "recipe" else entry.start)
         if manifest.is_done(entry.name):
+            if entry.expert and not manifest.has_expert(entry.expert, entry.name):
+                _repair_expert(config, file, manifest, entry, source_name, out)
             record = manifest.stage(entry.name) or {}
             if record.get("eval") or record.get("eval_note"):
                 print(f"[curriculum] {entry.name}: done earlier, skipped", file=sys.stderr)
@@ -201,16 +318,17 @@ def _run_stages(config: CurriculumConfig, file: Path, runner: StageRunner, evalu
                 f"stage {entry.name} failed with status {result.status}"
                 + (f": {result.message}" if result.message else "")
             )
-        manifest.update_stage(
-            entry.name, status=DONE, backend=result.backend, checkpoint=result.checkpoint,
+        if entry.expert and not result.adapter:
+            message = f"stage {entry.name} is the {entry.expert!r} expert but produced no adapter"
+            manifest.update_stage(entry.name, status=FAILED, backend=result.backend, message=message)
+            raise CurriculumFailed(message)
+        expert = _expert(entry, recipe, source, source_name, result.adapter, out) if entry.expert else None
+        manifest.finish_stage(
+            entry.name, expert=expert, status=DONE, backend=result.backend, checkpoint=result.checkpoint,
             hf_checkpoint=result.hf_checkpoint, adapter=result.adapter, metrics=_small(result.metrics),
             monitor=(result.metrics or {}).get("monitor"), cost=stage_cost(recipe, result.metrics),
             finished_at=time.time(), dumps=dump_dir(recipe),
         )  # fmt: skip
-        if entry.expert:
-            if not result.adapter:
-                raise CurriculumFailed(f"stage {entry.name} is the {entry.expert!r} expert but produced no adapter")
-            _set_expert(manifest, entry, recipe, source, source_name, result.adapter, out)
         _evaluate(manifest, evaluator, entry.name, out, bool(config.evaluation.command))
         done = manifest.stage(entry.name) or {}
         if key and config.reuse and done.get("eval"):
@@ -232,23 +350,44 @@ def _check_replay_exclude(config: CurriculumConfig, file: Path) -> None:
         )
 
 
-def _set_expert(
-    manifest: Manifest,
+def _expert(
     entry: StageEntry,
     recipe: StageRecipe,
     source: dict[str, Any] | None,
     source_name: str | None,
     adapter: str,
     out: Path,
-) -> None:
-    """Register the stage's adapter as the expert of its tag, with the weights it was trained on."""
+) -> tuple[str, str, dict[str, Any]]:
+    """The stage's adapter as the expert of its tag, with the weights it was trained on (``Manifest.finish_stage``)."""
     # The weights the expert was trained on, as SGLang loads them: the HF export when there is one.
     base_path = (source or {}).get("hf_checkpoint") or (source or {}).get("checkpoint") or ""
     if recipe.checkpoint.ckpt_step is not None:  # an earlier iteration's export (see stage_recipe)
         base_path = recipe.model.hf_checkpoint
-    manifest.set_expert(entry.expert or "", _relative(adapter, out), entry.name, {
-        "name": source_name or "base", "path": base_path,
-    })  # fmt: skip
+    return entry.expert or "", _relative(adapter, out), {"name": source_name or "base", "path": base_path}
+
+
+def _repair_expert(
+    config: CurriculumConfig, file: Path, manifest: Manifest, entry: StageEntry, source_name: str | None, out: Path
+) -> None:
+    """A stage recorded done whose expert is missing (a crash between the two, before this was one write): register
+    it from the stage's recorded adapter, and evaluate the stage again (an evaluation made without the expert ran
+    on the base model; its folder is kept aside)."""
+    record = manifest.stage(entry.name) or {}
+    adapter = record.get("adapter")
+    if not adapter:
+        raise CurriculumFailed(
+            f"stage {entry.name} is recorded done but has no adapter for its {entry.expert!r} expert; "
+            f"remove its entry from {manifest.path} to train it again"
+        )
+    print(f"[curriculum] {entry.name}: done earlier but its {entry.expert!r} expert is missing; registering it",
+          file=sys.stderr)  # fmt: skip
+    source = manifest.stage(source_name) if source_name else None
+    recipe = stage_recipe(config, file, entry, source)
+    folder = out / "eval" / entry.name
+    if folder.exists():
+        folder.rename(folder.with_name(f"{entry.name}.without-expert-{int(time.time())}"))
+    manifest.finish_stage(entry.name, expert=_expert(entry, recipe, source, source_name, adapter, out),
+                          eval=None, eval_note=None)  # fmt: skip
 
 
 def _fingerprint(
@@ -283,9 +422,8 @@ def _adopt(
         copy = out / "reused" / entry.name / "adapter"  # the expert manifest names adapters inside its folder
         shutil.copytree(stored["adapter"], copy, dirs_exist_ok=True)
         stored["adapter"] = str(copy)
-    manifest.update_stage(entry.name, **stored, fingerprint=key, reused_from=origin)
-    if entry.expert:
-        _set_expert(manifest, entry, recipe, source, source_name, stored["adapter"], out)
+    expert = _expert(entry, recipe, source, source_name, stored["adapter"], out) if entry.expert else None
+    manifest.finish_stage(entry.name, expert=expert, **stored, fingerprint=key, reused_from=origin)
 
 
 def _distill(entry: StageEntry, recipe: StageRecipe, manifest: Manifest, out: Path) -> None:
@@ -329,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("curriculum", help="recipes/curriculum/<name>.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the curriculum file, e.g. output_dir=/runs/x")
     args = parser.parse_intermixed_args(argv)
+    exit_on_signals()
     try:
         manifest = run_curriculum(args.curriculum, args.overrides)
     except (RecipeError, UnknownFlagError, CurriculumFailed, ValueError, RayError, ExportError) as exc:

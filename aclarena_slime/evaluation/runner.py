@@ -126,7 +126,7 @@ def _plan(dataset: EvalDataset, settings: RunSettings, experts: ExpertTable | No
         records = env.demo_records(min(dataset.demo, dataset.limit or dataset.demo), seed=HELD_OUT_SEED)
         tasks = [Task(r["prompt"], r.get("label"), {**r.get("metadata", {}), "env": dataset.env}) for r in records]
     else:
-        tasks = read_tasks(dataset.resolved_path(settings.data_root), dataset.env, dataset.limit)
+        tasks = read_tasks(dataset.resolved_path(settings.data_root), dataset.env, dataset.limit, env.check_label)
     lora_path = None
     if experts is not None:
         try:

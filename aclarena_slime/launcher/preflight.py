@@ -289,13 +289,38 @@ async def _start_records(recipe: StageRecipe, records: list[dict[str, Any]]) -> 
             label = record.get(data.label_key) if data.label_key else None
             episode = await envs[tag].start(Task(prompt=record[data.input_key], label=label, metadata=metadata))
             await episode.close()
+        _check_labels(recipe, envs)
     finally:
         for env in envs.values():
             await env.aclose()
 
 
+def _check_labels(recipe: StageRecipe, envs: dict[str, Any]) -> None:
+    """Every record's label through its env's ``check_label``: a bad one fails now, naming ``file:line``."""
+    from aclarena_slime.jsonl import iter_jsonl
+    from aclarena_slime.plugin.contract import Task
+    from aclarena_slime.plugin.registry import get_environment
+
+    data = recipe.data
+    if not data.label_key:
+        return
+    allowed = {data.env, *(recipe.lora.experts or ())}
+    for number, record in iter_jsonl(data.prompt_data):
+        tag = dict(record.get(data.metadata_key) or {}).get("env", data.env)
+        if tag not in allowed:
+            raise ValueError(f"{data.prompt_data}:{number}: metadata.env is {tag!r}, the recipe's data.env {data.env!r}")
+        if tag not in envs:  # the caller closes every env built here
+            envs[tag] = get_environment(tag, recipe.env_config.get(tag))
+        env = envs[tag]
+        try:
+            env.check_label(Task(prompt="", label=record.get(data.label_key)).label_value)
+        except ValueError as exc:
+            raise ValueError(f"{data.prompt_data}:{number}: bad label for env {env.tag!r}: {exc}") from None
+
+
 def check_data(recipe: StageRecipe, n: int = 3, timeout_s: float = 60.0) -> list[Check]:
-    """Every data file exists; the first records of the training data go through the env's ``start``."""
+    """Every data file exists; the first records of the training data go through the env's ``start``, and every
+    record's label through its ``check_label``."""
     files = {"data.prompt_data": recipe.data.prompt_data}
     files.update({f"data.eval_prompt_data.{k}": v for k, v in recipe.data.eval_prompt_data.items()})
     out = []

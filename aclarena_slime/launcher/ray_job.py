@@ -87,6 +87,7 @@ def held_head(ray: RayConfig, num_gpus: int) -> Iterator[bool]:
             stop_head()
 
 
+
 def slime_head(recipes: Sequence[StageRecipe]) -> Any:
     """The head a curriculum's slime stages share (a context manager; a null one without slime stages)."""
     from contextlib import nullcontext

@@ -144,7 +144,9 @@ def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
 
 def submit_watched(argv: list[str], dashboard: str, stage_name: str, services: list[Any]) -> tuple[int, str | None]:
     """Submit the job while its services are watched (:class:`~aclarena_slime.launcher.services.ServiceWatch`):
-    one that dies past its restarts stops the job (``ray job stop``). The job's status and why it was stopped."""
+    one that dies past its restarts stops the job (``ray job stop``), and so does this launcher stopping (Ctrl-C,
+    SIGTERM/SIGHUP turned into an exit, any exception; ``kill -9`` cannot be caught). The job's status and why
+    it was stopped."""
     from aclarena_slime.launcher import ray_job
     from aclarena_slime.launcher.services import ServiceWatch
 
@@ -159,7 +161,12 @@ def submit_watched(argv: list[str], dashboard: str, stage_name: str, services: l
               f"{submission}", file=sys.stderr)  # fmt: skip
 
     with ServiceWatch(services, stop) as watch:
-        status = ray_job.submit(argv, submission)
+        try:
+            status = ray_job.submit(argv, submission)
+        except BaseException:  # Ctrl-C, SIGTERM/SIGHUP turned into an exit: the submit client dies, the job would not
+            print(f"[stage] the launcher is stopping; stopping its job {submission}", file=sys.stderr)
+            stop("the launcher stopped")
+            raise
     return status, watch.failure
 
 

@@ -153,6 +153,12 @@ class Environment(ABC):
     async def start(self, task: Task) -> Episode:
         """Begin an episode for one dataset record."""
 
+    def check_label(self, label: Any) -> None:  # noqa: B027 - optional hook: most labels need no check
+        """Raise ``ValueError`` saying what is wrong when ``label`` (a record's, decoded as :attr:`Task.label_value`)
+        could not score an episode. Called on every record where data is loaded (an evaluation's datasets, the
+        doctor's scan of the training data), so a bad label fails there naming its ``file:line``, not when its
+        record is drawn mid-run. Keep it cheap and offline: no services."""
+
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` generated slime JSONL records (``prompt``, ``label``, ``metadata.env``) for smoke runs.
 

@@ -181,13 +181,21 @@ class RolloutConfig:
     dynamic_sampling_filter_path: str | None = None
     balance_data: bool = True
 
+    def __post_init__(self) -> None:
+        """Counts and lengths are positive: a negative one is a typo, refused naming its key (not as an optimiser batch
+        that does not fit, which is what the batch check would say of it). ``global_batch_size`` has that check."""
+        counts = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len")
+        optional = ("num_steps_per_rollout", "rollout_max_context_len", "over_sampling_batch_size")
+        for name in counts + optional:
+            value = getattr(self, name)
+            if (value is not None or name in counts) and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"rollout.{name} must be positive, got {value}")
+
     def samples_per_update(self) -> int | None:
         """slime's global batch: ``global_batch_size``, or the rollout's samples over ``num_steps_per_rollout``
         (slime's rule, ``slime/utils/arguments.py``); None when neither is set."""
         if self.num_steps_per_rollout is None:
             return self.global_batch_size
-        if self.num_steps_per_rollout < 1:
-            raise ValueError(f"rollout.num_steps_per_rollout must be >= 1, got {self.num_steps_per_rollout}")
         derived = self.rollout_batch_size * self.n_samples_per_prompt // self.num_steps_per_rollout
         if self.global_batch_size is not None and self.global_batch_size != derived:
             raise ValueError(

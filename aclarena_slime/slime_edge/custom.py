@@ -22,6 +22,7 @@ from aclarena_slime.distill.mopd import MopdSettings
 from aclarena_slime.group_rewards import FilterSettings, GuardSettings
 from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.rollout import response_budget_mode
+from aclarena_slime.sglang_client import RetryPolicy
 from aclarena_slime.tis import TisSettings
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ class CustomConfig:
     aclarena_sft_filter: SftFilterSettings | None = None  # an SFT warm start's teacher-rollout filter
     # When a run stops for what its rollouts produce (rollout_guard); None: the defaults, which always apply.
     aclarena_guards: GuardSettings | None = None
+    # How long a rollout request waits for its engine (tries, the wait between them, the read timeout); None:
+    # slime's own patience (sglang_client.RetryPolicy).
+    aclarena_engine: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
         response_budget_mode(self.aclarena_response_budget)  # a misspelt budget fails when the recipe composes
@@ -123,6 +127,10 @@ def mopd(args: Any) -> MopdSettings:
 
 def replay(args: Any) -> ReplaySettings | None:
     return _section(args, "aclarena_replay", ReplaySettings)
+
+
+def engine(args: Any) -> RetryPolicy:
+    return _section(args, "aclarena_engine", RetryPolicy) or RetryPolicy()
 
 
 def balance_key(args: Any) -> str | None:

@@ -5,7 +5,8 @@ What they read from ``args``: ``sglang_router_ip`` / ``sglang_router_port`` (the
 ``rollout_max_context_len`` / ``eval_max_context_len``, ``reward_key``, the group-normalization flags,
 and from the custom config ``aclarena_env_config`` ({tag: env settings}), ``aclarena_experts`` (an
 ``experts.json`` path or {tag: adapter}: requests carry ``lora_path`` = the expert of the sample's env),
-``aclarena_response_budget``, ``aclarena_filters``, ``aclarena_guards``, and ``aclarena_lora`` (with ``staleness_budget`` set, each
+``aclarena_response_budget``, ``aclarena_filters``, ``aclarena_guards``, ``aclarena_engine`` (how long a request
+waits for its engine), and ``aclarena_lora`` (with ``staleness_budget`` set, each
 episode is pinned to the adapter version current when it starts, read from the ledger in ``sync_dir``).
 
 **One rollout context per process.** Slime loads the generate function by dotted path at every call
@@ -66,6 +67,7 @@ def build_context(args: Any) -> RolloutContext:
         env_configs=dict(getattr(args, "aclarena_env_config", None) or {}),
         experts=table,
         ledger=_ledger(args),
+        retry=custom.engine(args),
     )
 
 

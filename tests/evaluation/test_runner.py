@@ -220,3 +220,20 @@ async def test_demo_dataset_runs_the_envs_generated_records(tmp_path, tiny_token
     lines = _lines(tmp_path / "o", "arith")
     assert [line["label"] for line in lines] == [r["label"] for r in expected]
     assert summary["datasets"]["arith"]["n_prompts"] == 3
+
+
+async def test_a_bad_label_is_refused_when_the_dataset_is_read_naming_its_line(tmp_path, data, tiny_tokenizer,
+                                                                              monkeypatch):  # fmt: skip
+    """Not when its record is drawn: the env's check_label runs on every record as the data is loaded."""
+    from aclarena_slime.evaluation.records import DatasetError
+    from aclarena_slime.plugin.registry import load_factory
+
+    def check_label(self, label):
+        if label == 5:  # "5", decoded as Task.label_value decodes it
+            raise ValueError("not a number this env can score")
+
+    monkeypatch.setattr(load_factory("math"), "check_label", check_label)
+    async with FakeSGLang(tiny_tokenizer, _reply) as engine:
+        with pytest.raises(DatasetError, match=r"math.jsonl:2: bad label for env 'math': not a number"):
+            await run_suite(_suite(), SGLangClient(engine.url), tiny_tokenizer, RunSettings(tmp_path / "o", data))
+        assert engine.requests == []  # refused before any episode

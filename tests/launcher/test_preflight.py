@@ -129,6 +129,27 @@ def test_data_goes_through_the_envs_start(tmp_path: Path, routable):
     assert statuses(preflight.check_data(recipe))["data.prompt_data"] == "fail"
 
 
+def test_every_records_label_goes_through_the_envs_check_label(tmp_path: Path, routable, monkeypatch):
+    """A bad label past the records the doctor starts was found only when its record was drawn, mid-run."""
+    from aclarena_slime.plugin.registry import load_factory
+
+    factory = load_factory("math")
+    records = factory({}).demo_records(6)
+    records[4]["label"] = "oops"
+    train = tmp_path / "data" / "math" / "train.jsonl"
+    train.parent.mkdir(parents=True)
+    train.write_text("".join(json.dumps(r) + "\n" for r in records))
+    recipe = load("stage1_math", tmp_path)
+
+    def check_label(self, label):
+        if label == "oops":
+            raise ValueError("not an answer")
+
+    monkeypatch.setattr(factory, "check_label", check_label)
+    bad = {c.name: c for c in preflight.check_data(recipe)}["data through env.start"]
+    assert bad.status == "fail" and f"{train}:5: bad label for env 'math': not an answer" in bad.detail
+
+
 def test_the_data_check_builds_the_env_through_the_registry(tmp_path: Path, routable, monkeypatch):
     """As every caller does (registry.get_environment): a plugin whose factory builds no Environment is named."""
     from aclarena_slime.plugin import registry

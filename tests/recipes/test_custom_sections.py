@@ -90,3 +90,18 @@ def test_a_reader_refuses_a_misspelt_key_set_on_args_by_hand():
 
     with pytest.raises(ValueError, match="teacher_temprature"):
         custom.mopd(Namespace(aclarena_mopd={"teacher_temprature": 0.5, "teachers": {"math": "http://x:1"}}))
+
+
+def test_the_engine_patience_is_a_recipe_setting_that_reaches_the_rollout(tmp_path: Path):
+    from aclarena_slime.slime_edge.rollout import build_context
+
+    command = _compile("stage2_search", tmp_path, "+custom.aclarena_engine.attempts=5",
+                       "+custom.aclarena_engine.read_timeout_s=120")  # fmt: skip
+    section = command.custom_config["aclarena_engine"]
+    assert section["attempts"] == 5 and section["read_timeout_s"] == 120
+    args = Namespace(sglang_router_ip="127.0.0.1", sglang_router_port=1, hf_checkpoint=str(tmp_path),
+                     rollout_max_response_len=64, aclarena_engine=section)  # fmt: skip
+    retry = build_context(args).retry
+    assert (retry.attempts, retry.read_timeout_s) == (5, 120)
+    with pytest.raises(ValueError, match="attempts must be at least 1"):
+        _compile("stage2_search", tmp_path, "+custom.aclarena_engine.attempts=0")

@@ -312,3 +312,10 @@ def test_the_optimiser_batch_is_checked_as_slime_asserts_it(tmp_path: Path):
         compiled("stage1_math", "rollout.global_batch_size=0", tmp=tmp_path)
     with pytest.raises(RecipeError, match="slime needs rollout.global_batch_size or rollout.num_steps_per_rollout"):
         compiled("stage1_math", "rollout.global_batch_size=null", tmp=tmp_path)
+
+
+@pytest.mark.parametrize("key", ["rollout_batch_size", "n_samples_per_prompt", "num_rollout", "rollout_max_response_len"])
+def test_a_negative_rollout_count_is_refused_as_not_positive(key: str, tmp_path: Path):
+    """Found by fault injection: rollout_batch_size=-2 was refused as an optimiser batch that does not fit."""
+    with pytest.raises(RecipeError, match=f"rollout.{key} must be positive, got -2"):
+        compiled("stage1_math", f"rollout.{key}=-2", tmp=tmp_path)

@@ -1,0 +1,57 @@
+"""A launcher that stops waiting for its Ray job stops the job: killing ``ray job submit`` leaves it training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from aclarena_slime.launcher import ray_job, stage
+from aclarena_slime.recipes.compose import load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The ray CLI, logged: a head answers; a submitted job trains until it is stopped.
+FAKE_RAY = """#!/usr/bin/env bash
+echo "$*" >> "{log}"
+if [ "$1 $2" = "job submit" ]; then exec sleep 30; fi
+exit 0
+"""
+
+
+def _interrupt_once_submitted(log: Path) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if log.exists() and "job submit" in log.read_text():
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C; a curriculum's SIGTERM takes the same way out
+            return
+        time.sleep(0.02)
+
+
+def test_an_interrupted_stage_stops_its_ray_job(tmp_path: Path, monkeypatch):
+    log, script = tmp_path / "ray.log", tmp_path / "ray"
+    script.write_text(FAKE_RAY.format(log=log))
+    script.chmod(0o755)
+    monkeypatch.setattr(ray_job, "_ray", lambda: str(script))
+    monkeypatch.setattr(ray_job, "require_gpus", lambda ray, want: want)  # every node joined
+    recipe = load_recipe(REPO / "recipes/stage1_math.yaml", [f"paths.root={tmp_path}"])
+    threading.Thread(target=_interrupt_once_submitted, args=(log,), daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        stage._run_slime(recipe)
+    lines = log.read_text().splitlines()
+    submitted = next(line for line in lines if line.startswith("job submit"))
+    submission = next(a.split("=", 1)[1] for a in submitted.split() if a.startswith("--submission-id="))
+    dashboard = next(a for a in submitted.split() if a.startswith("--address="))
+    assert lines[-1] == f"job stop {dashboard} {submission}"
+
+
+def test_a_job_that_ends_is_not_stopped(tmp_path: Path, monkeypatch):
+    calls: list[list[str]] = []
+    monkeypatch.setattr(ray_job, "submit", lambda argv: calls.append(list(argv)) or 0)
+    monkeypatch.setattr(ray_job.subprocess, "run", lambda *a, **k: pytest.fail(f"nothing else runs: {a}"))
+    assert ray_job.submit_or_stop(["ray", "job", "submit", "--address=http://127.0.0.1:8265", "--", "python"]) == 0
+    assert calls[0][:3] == ["ray", "job", "submit"] and calls[0][3].startswith("--submission-id=aclarena-")
