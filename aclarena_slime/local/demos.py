@@ -140,8 +140,20 @@ async def demo_examples(
     turns_of: DemoTurns,
     budgets: Budgets,
     min_reward: float,
-    end_of_turn: int,
 ) -> tuple[list[SftExample], ReplayReport]:
-    """SFT examples from the env's gold demo trajectories for ``records`` (see the module docstring)."""
+    """SFT examples from the env's gold demo trajectories for ``records`` (see the module docstring); each demo
+    turn closes with :func:`end_of_turn` of the chat's tokenizer."""
     demos = [(record, list(turns_of(record))) for record in records]
-    return await replay_examples(env, chat, demos, budgets, min_reward, end_of_turn)
+    return await replay_examples(env, chat, demos, budgets, min_reward, end_of_turn(chat.tokenizer))
+
+
+def end_of_turn(tokenizer: Any) -> int:
+    """The token that closes a model turn: the chat template's end-of-turn (``<|im_end|>``), else the
+    tokenizer's eos (the lowest id when it lists several): the one rule every gold-demo replay uses."""
+    if "<|im_end|>" in tokenizer.get_vocab():
+        return int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    eos = tokenizer.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not ids:
+        raise DemoError("the tokenizer has neither <|im_end|> nor an eos token: no token closes a demo turn")
+    return int(min(ids))

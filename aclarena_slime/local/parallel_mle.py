@@ -23,43 +23,32 @@ and takes the same optimiser steps as when :func:`~aclarena_slime.local.stage.ru
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import functools
-import shutil
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
 from aclarena_slime.experts import EXPERTS_NAME, ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
-from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import MultiLoraModel
 from aclarena_slime.local.group_filter import PromptStream
 from aclarena_slime.local.records import bind_engine, stage_records
 from aclarena_slime.local.stage import (
+    adapter_files,
     evaluate,
+    publish_adapter,
     rollout_figures,
     sample_step,
+    served_stage,
     stage_model,
     to_train_sample,
     train_settings,
 )
-from aclarena_slime.local.trainer import (
-    PolicyTrainer,
-    TrainSample,
-    TrainSettings,
-    peft_lora_config,
-    publish_folder,
-    staging_folder,
-)
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, peft_lora_config
 from aclarena_slime.lora.config import LoraConfig
-from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens
 
 # Settings every expert must share: they describe the one backbone and the one engine.
 SHARED_FIELDS = (
@@ -134,16 +123,6 @@ class MultiExpertTrainer:
 
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
 
-    def save(self, name: str, directory: str | Path) -> Path:
-        """Export expert ``name`` as its own PEFT folder, replacing ``directory`` atomically."""
-        directory = Path(directory)
-        staging = staging_folder(directory)
-        self.model.save_pretrained(str(staging), selected_adapters=[name])
-        written = staging / name if (staging / name).is_dir() else staging  # PEFT nests a named adapter
-        publish_folder(written, directory)
-        shutil.rmtree(staging, ignore_errors=True)
-        return directory
-
 
 def check_experts(cfgs: Sequence[LocalStageConfig]) -> None:
     """Refuse expert settings that cannot share one backbone and one engine, naming them."""
@@ -180,27 +159,6 @@ def run_parallel_mle(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -
     return asyncio.run(run_parallel_mle_async(cfgs, output_dir))
 
 
-@contextlib.asynccontextmanager
-async def _served(first: LocalStageConfig, cfgs: Sequence[LocalStageConfig], model_dir: Path) -> AsyncIterator[Any]:
-    """One engine on the backbone and one rollout context holding every expert's env."""
-    engine = LocalEngine(
-        MultiLoraModel.from_pretrained(model_dir, seed=first.seed, settings=first.engine_settings),
-        served_name=first.served_name,
-    )
-    async with engine.serve(first.engine_host, first.engine_port) as url:
-        context = RolloutContext(
-            engine_url=url,
-            load_chat=functools.partial(load_chat_tokens, str(model_dir)),
-            budgets=Budgets(max_response_len=first.max_response_len, mode=first.response_budget),
-            env_configs={c.env: bind_engine(c.env_config, url, first.served_name) for c in cfgs},
-            experts=ExpertTable.from_mapping({c.env: c.expert_name for c in cfgs}),
-        )
-        try:
-            yield engine, context
-        finally:
-            await context.aclose()
-
-
 async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -> dict[str, Any]:
     check_experts(cfgs)
     started, cpu_started = time.monotonic(), time.process_time()
@@ -211,16 +169,18 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
         model_dir, {c.expert_name: (train_settings(c), c.lora) for c in cfgs}, seed=first.seed
     )
     dirs = {c.expert_name: out / "experts" / c.expert_name for c in cfgs}
-    async with _served(first, cfgs, model_dir) as (engine, context):
-        client = context.client()
+    served = served_stage(
+        first,
+        model_dir,
+        env_configs=lambda url: {c.env: bind_engine(c.env_config, url, first.served_name) for c in cfgs},
+        experts=ExpertTable.from_mapping({c.env: c.expert_name for c in cfgs}),
+    )  # one engine on the backbone, one rollout context holding every expert's env
+    async with served as stage:
+        context, client = stage.context, stage.context.client()
 
         async def sync(cfg: LocalStageConfig, loaded: bool) -> None:  # one adapter-only sync per expert
-            folder = dirs[cfg.expert_name]
-            trainer.save(cfg.expert_name, folder)
-            checksum = adapter_checksum(folder)  # the engine checks the files it reads against it
-            await swap_adapter(
-                [client], cfg.expert_name, folder, checksum=checksum, engine_verifies=True, loaded=loaded
-            )
+            files = adapter_files(trainer.model, cfg.expert_name)
+            await publish_adapter(client, cfg.expert_name, dirs[cfg.expert_name], files, loaded)
 
         for cfg in cfgs:
             await sync(cfg, loaded=False)
@@ -250,7 +210,7 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
             for cfg in active:
                 steps[cfg.env][-1]["seconds"] = round(time.monotonic() - t0, 3)
         after = await evaluate_all()
-        generated = engine.generated_tokens
+        generated = stage.engine.generated_tokens
     table = ExpertTable.from_mapping(
         {
             "base": {"name": first.served_name, "path": str(model_dir)},

@@ -31,26 +31,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import json
+import os
 import random
 import statistics
+import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aclarena_slime import parity
-from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
+from aclarena_slime.adapter_swap import files_checksum, swap_adapter
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
-from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import MultiLoraModel
+from aclarena_slime.local.engine import LocalEngine, open_engine
 from aclarena_slime.local.group_filter import GroupFilter, PromptStream, SampledStep, sample_groups
 from aclarena_slime.local.records import (
     Sample,
@@ -63,9 +65,18 @@ from aclarena_slime.local.records import (
 )
 from aclarena_slime.local.sft import SftExample, SftSettings, frozen_copy, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, contiguous_parts
+from aclarena_slime.local.trainer import (
+    PolicyTrainer,
+    TrainSample,
+    TrainSettings,
+    contiguous_parts,
+    publish_folder,
+    staging_folder,
+)
+from aclarena_slime.lora.export import peft_files
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens, run_sample, score_sample
+from aclarena_slime.sglang_client import SGLangClient
 
 if TYPE_CHECKING:  # the SFT phase's filter: imported when an SFT stage runs
     from aclarena_slime.distill.sdft import MixtureSettings
@@ -197,20 +208,24 @@ class ServedStage:
 
 
 @contextlib.asynccontextmanager
-async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[ServedStage]:
-    """The engine on ``model_dir`` and one rollout context for it: the stage's env and the replayed envs,
-    their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
+async def served_stage(
+    cfg: LocalStageConfig,
+    model_dir: Path,
+    env_configs: Callable[[str], dict[str, dict[str, Any]]] | None = None,
+    experts: ExpertTable | None = None,
+) -> AsyncIterator[ServedStage]:
+    """The engine on ``model_dir`` (:func:`~aclarena_slime.local.engine.open_engine`) and one rollout context for
+    it: by default the stage's env and the replayed envs (``env_configs``: the envs' settings given the engine's
+    URL), their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
     session) is closed, on this loop, before the engine stops."""
-    engine = LocalEngine(
-        MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings),
-        served_name=cfg.served_name,
-    )
+    engine = open_engine(model_dir, seed=cfg.seed, settings=cfg.engine_settings, served_name=cfg.served_name)
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
         context = RolloutContext(
             engine_url=url,
             load_chat=functools.partial(load_chat_tokens, str(model_dir)),
             budgets=Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
-            env_configs=stage_env_configs(cfg, url),
+            env_configs=env_configs(url) if env_configs else stage_env_configs(cfg, url),
+            experts=experts,
         )
         try:
             yield ServedStage(engine, url, model_dir, context)
@@ -222,19 +237,47 @@ async def serve_policy(cfg: LocalStageConfig, stage: ServedStage, trainer: Polic
     """Put the trainer's policy on the engine: the adapter (swapped in, requests of every tag the stage runs
     go to it), or with full fine-tuning the weights, in place."""
     if trainer.full:
-        trainer.sync_weights(stage.engine.model.base)
+        stage.engine.update_weights(trainer.model.state_dict())
         return
-    trainer.save(cfg.adapter_dir)
-    checksum = adapter_checksum(cfg.adapter_dir)  # the engine checks the files it reads against it
-    await swap_adapter(
-        [stage.context.client()],
-        cfg.expert_name,
-        cfg.adapter_dir,
-        checksum=checksum,
-        engine_verifies=True,
-        loaded=loaded,
-    )
+    await publish_adapter(stage.context.client(), cfg.expert_name, cfg.adapter_dir, adapter_files(trainer.model), loaded)
     stage.context.experts = ExpertTable.from_mapping({tag: cfg.expert_name for tag in stage.context.env_configs})
+
+
+def adapter_files(model: Any, adapter: str = "default") -> dict[str, bytes]:
+    """The PEFT folder of ``model``'s adapter ``adapter``, as its files' bytes made from the tensors in memory."""
+    from peft import get_peft_model_state_dict
+
+    tensors = get_peft_model_state_dict(model, adapter_name=adapter)
+    config = copy.copy(model.peft_config[adapter])
+    config.inference_mode = True  # as PEFT's save_pretrained writes it
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        settings = json.loads((Path(tmp) / "adapter_config.json").read_text())
+    return peft_files(tensors, settings)
+
+
+async def publish_adapter(
+    client: SGLangClient, name: str, folder: Path, files: Mapping[str, bytes], loaded: bool
+) -> None:
+    """Write an adapter's ``files`` into ``folder`` (replaced whole) and swap it in on the engine as ``name``
+    (unload, then load, when ``loaded``). The checksum the engine checks is taken of ``files``, the bytes meant
+    for the disk, so a file cut short on its way there is refused, never served."""
+    checksum = files_checksum(files)
+    await asyncio.to_thread(write_folder, folder, files)
+    await swap_adapter([client], name, folder, checksum=checksum, engine_verifies=True, loaded=loaded)
+
+
+def write_folder(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Put a folder holding ``files`` (name -> bytes) in place of ``directory``, whole (written aside, synced,
+    then renamed into place)."""
+    staging = staging_folder(Path(directory))
+    staging.mkdir()
+    for name, content in files.items():
+        with open(staging / name, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+    publish_folder(staging, Path(directory))
 
 
 def check_parity(trainer: PolicyTrainer, batch: list[Any]) -> dict[str, float]:
@@ -519,7 +562,6 @@ async def warm_start_examples(
                     load_demo_turns(str(demos["demos"])),
                     Budgets(max_response_len=int(demos["max_response_len"]), mode=cfg.response_budget),
                     best,
-                    _end_of_turn(stage.engine.model),
                 )
                 examples += tag_examples
                 reports[tag] = {"records": len(tag_records), "examples": len(tag_examples), **replay.as_dict()}
@@ -534,13 +576,6 @@ async def warm_start_examples(
         report["mixed"] = {tag: r["examples"] for tag, r in reports.items()}
         report["replayed"] = {tag: r for tag, r in reports.items() if tag != cfg.env}
     return before, examples, report, stage.engine.generated_tokens
-
-
-def _end_of_turn(model: MultiLoraModel) -> int:
-    """The token that closes a model turn: the chat template's end-of-turn, else the first eos id."""
-    tokenizer = model.tokenizer
-    token = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    return int(token if token is not None else min(model.eos_ids))
 
 
 async def rollout_step(

@@ -38,7 +38,7 @@ def _eot(chat: ChatTokens) -> int:
 def _replay(env, chat, records, turns_of, min_reward=1.0, budget=512):
     async def run():
         try:
-            return await demo_examples(env, chat, records, turns_of, Budgets(budget), min_reward, _eot(chat))
+            return await demo_examples(env, chat, records, turns_of, Budgets(budget), min_reward)
         finally:
             await env.aclose()
 

@@ -36,11 +36,10 @@ def math_examples(tiny_model_dir):
 
     chat = ChatTokens(AutoTokenizer.from_pretrained(tiny_model_dir))
     env = MathEnvironment({"workers": 1})
-    eot = chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     async def run():
         try:
-            return await demo_examples(env, chat, env.demo_records(16, seed=0), math_demo_turns, Budgets(512), 1.0, eot)
+            return await demo_examples(env, chat, env.demo_records(16, seed=0), math_demo_turns, Budgets(512), 1.0)
         finally:
             await env.aclose()
 
