@@ -33,7 +33,8 @@ LAYERS: list[set[str]] = [
         "sglang_client",
         "adapter_swap",
         "worker_pool",
-    },  # formats, clients (adapter_swap: the one way an engine's adapters change)
+        "dotted",
+    },  # formats, clients (adapter_swap: the one way an engine's adapters change; dotted: the one path loader)
     {"plugin"},  # the env contract, registry and conformance kit
     {"agent_loop", "rollout", "group_rewards", "parity"},  # the one shared rollout; engine vs trainer log-probs
     {"lora", "router", "distill"},
