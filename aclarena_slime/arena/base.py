@@ -1,6 +1,6 @@
 """The arena's local parts: its shared base model (the tiny model lightly fine-tuned once on every domain's
-gold demos) and the evaluation of a stage's policy on the local engine. Here, beside the launcher, because they
-run the local backend (the curriculum imports no backend).
+gold demos) and the evaluation of a stage's policy on the local engine: the arena's own use of the local backend
+(the curriculum reaches a backend only through the stage launcher).
 
 The paper's methods all start from one model (Qwen3-8B-Base). On a CPU that model is the tiny one, its
 tokenizer trained on every domain's warm-start text, then fine-tuned in full for a few steps on the gold demo
@@ -27,7 +27,6 @@ from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.records import bind_engine, stage_records
 from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
-from aclarena_slime.local.spec import local_config
 from aclarena_slime.local.stage import prepare_model, tokenizer_texts
 from aclarena_slime.local.tiny_model import TinyShape
 from aclarena_slime.plugin.registry import get_environment
@@ -36,7 +35,6 @@ from aclarena_slime.rollout import Budgets, load_chat_tokens
 MODEL_DIR = "model"  # inside the base's folder: the warm-started model (a Hugging Face folder)
 REPORT = "base.json"
 SERVED = "local"  # the engine's served model name ({local_model} in an env's settings, e.g. retail's user)
-__all__ = ["BaseSettings", "LocalStageConfig", "build_base", "evaluate_policy", "local_config"]
 
 
 @dataclass
