@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import functools
+import hashlib
 import json
 import os
 import random
@@ -178,18 +180,22 @@ async def tokenizer_texts(cfg: LocalStageConfig) -> list[str]:
     """
     if cfg.model_source != TINY_MODEL or not cfg.warm_start_steps or not cfg.warm_start_demos:
         return []
-    # Only the records are needed: no engine runs yet, so any URL in the env's settings stays unused.
-    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
-    try:
-        records = stage_records(env, cfg).warm_start
-    finally:
-        await env.aclose()
+    records = (await offline_records(cfg)).warm_start
     turns_of = load_demo_turns(str(cfg.warm_start_demos))
     texts: list[str] = []
     for record in records:
         prompt = record["prompt"]
         texts += [prompt if isinstance(prompt, str) else json.dumps(prompt), *turns_of(record)]
     return texts
+
+
+async def offline_records(cfg: LocalStageConfig) -> StageRecords:
+    """The stage's records, read before any engine runs (any URL in the env's settings stays unused)."""
+    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
+    try:
+        return stage_records(env, cfg)
+    finally:
+        await env.aclose()
 
 
 @dataclass
@@ -443,35 +449,41 @@ def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
     ]
 
 
-# Settings of the phases after the warm start (and the output folder, which holds it): a stage that differs
-# from the last run in its output folder only in these reuses the warm-started backbone there
-# (``warm_start_model/``, with WARM_START_RECORD).
-AFTER_WARM_START = frozenset(
-    {
-        "kind", "sft_filter", "sft_epochs", "full_finetune", "weight_decay",
-        "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
-        "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
-        "max_concurrency", "progress", "monitor", "base_adapter", "output_dir", "validation_size",
-        "validation_interval", "validation_eval", "group_filter", "over_sampling_prompts", "filter_settings",
-        "max_sampling_rounds", "steps_per_rollout",
+WARM_START_RECORD = "warm_start.json"  # in the warm-started backbone's folder: its key and report
+
+
+def warm_start_key(cfg: LocalStageConfig, records: StageRecords) -> str:
+    """What the warm-started backbone and its report are made of, as one string: the SFT settings, the records it
+    trains on and the held-out ones it reports on (their content, so a changed data file is a new warm start),
+    the env and its gold demos, the model it starts from, the seed, and what sets its numerics (threads, the
+    engine's batches). A setting it does not read (the RL phase's) does not enter it."""
+    records_digest = hashlib.sha256(
+        json.dumps([records.warm_start, in_stage(cfg, records)], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    consumed = {
+        "sft": dataclasses.asdict(warm_start_settings(cfg)),
+        "records": records_digest,
+        "env": [cfg.env, cfg.env_config],
+        "demos": [cfg.warm_start_demos, cfg.warm_start_min_reward, cfg.max_response_len, cfg.response_budget],
+        "replay": cfg.replay if cfg.replay.get("enabled") else None,
+        "evaluation": [cfg.eval_samples, cfg.eval_temperature, cfg.eval_top_p, cfg.eval_budget, cfg.stage_eval],
+        "model": [cfg.model_source, cfg.tiny_vocab_size, cfg.tiny_hidden_size, cfg.tiny_layers],
+        "seed": cfg.seed,
+        "numerics": [cfg.torch_threads, dataclasses.asdict(cfg.engine_settings), cfg.max_concurrency],
     }
-)  # fmt: skip
-WARM_START_RECORD = "warm_start.json"
+    return json.dumps(consumed, sort_keys=True, default=str)
 
 
-def warm_start_key(cfg: LocalStageConfig) -> str:
-    """What the warm-started backbone depends on (every setting but :data:`AFTER_WARM_START`), as one string."""
-    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in AFTER_WARM_START}, sort_keys=True)
-
-
-def cached_warm_start(cfg: LocalStageConfig) -> dict[str, Any] | None:
-    """The warm start's report when ``warm_start_dir`` holds one made with these settings, else None."""
+async def cached_warm_start(cfg: LocalStageConfig, key: str | None = None) -> dict[str, Any] | None:
+    """The warm start's report when ``warm_start_dir`` holds one made of the same (:func:`warm_start_key`; ``key``
+    when already taken), else None."""
     record = cfg.warm_start_dir / WARM_START_RECORD
     try:
         saved = json.loads(record.read_text())
     except (OSError, ValueError):
         return None
-    return saved.get("warm_start") if saved.get("key") == warm_start_key(cfg) else None
+    key = key if key is not None else warm_start_key(cfg, await offline_records(cfg))
+    return saved.get("warm_start") if saved.get("key") == key else None
 
 
 async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -479,7 +491,8 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
 
     A warm start already in the output folder with the same settings (and seed) is reused: the runs that
     change only the RL settings skip its cost (``cached`` in the report)."""
-    cached = cached_warm_start(cfg)
+    key = warm_start_key(cfg, await offline_records(cfg))
+    cached = await cached_warm_start(cfg, key)
     if cached is not None:
         backbone = cfg.warm_start_dir.resolve()
         return backbone, {**cached, "backbone": str(backbone), "cached": True, "engine_generated_tokens": 0}
@@ -488,7 +501,7 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
     (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
     backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
     report = {"eval_before": before, **demos, "sft": sft, "backbone": str(backbone)}
-    write_json_atomic(backbone / WARM_START_RECORD, {"key": warm_start_key(cfg), "warm_start": report})
+    write_json_atomic(backbone / WARM_START_RECORD, {"key": key, "warm_start": report})
     return backbone, {**report, "cached": False, "engine_generated_tokens": generated}
 
 

@@ -78,3 +78,27 @@ def test_the_engine_factory_serves_the_model_with_its_adapters(tiny_model_dir, a
     engine.update_weights(state)  # full fine-tuning's one way in
     assert bool((engine.model.base.state_dict()[first] == 0.5).all())
     assert "expert" in engine.model.adapters
+
+
+def test_the_warm_start_key_holds_what_the_warm_start_reads(tmp_path):
+    """A changed data file is a new warm start though no setting changed (the old key, every setting but a
+    list of 32, reused the stale backbone); a setting only the RL phase reads keeps the cached one."""
+    import json
+
+    from aclarena_envs.learnable.env import LearnableEnvironment
+    from aclarena_slime.plugin import registry
+
+    registry.register("learnable", LearnableEnvironment)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"question {i}", "label": "a"}) + "\n" for i in range(12)))
+    cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), data_path=str(data), eval_size=0,
+                           warm_start_steps=2, warm_start_records=4, warm_start_demos="json.dumps",
+                           progress=False)  # fmt: skip
+    key = stage_module.warm_start_key(cfg, asyncio.run(stage_module.offline_records(cfg)))
+    cfg.warm_start_dir.mkdir(parents=True)
+    (cfg.warm_start_dir / stage_module.WARM_START_RECORD).write_text(json.dumps({"key": key, "warm_start": {"x": 1}}))
+    assert asyncio.run(stage_module.cached_warm_start(cfg)) == {"x": 1}
+    rl_only = LocalStageConfig(**{**cfg.to_dict(), "steps": 3, "lr": 5e-3, "clip_eps_high": 0.3})
+    assert asyncio.run(stage_module.cached_warm_start(rl_only)) == {"x": 1}
+    data.write_text("".join(json.dumps({"prompt": f"another {i}", "label": "b"}) + "\n" for i in range(12)))
+    assert asyncio.run(stage_module.cached_warm_start(cfg)) is None
