@@ -12,7 +12,8 @@ The rollouts go through the shared rollout (:func:`~aclarena_slime.rollout.run_s
 - SFT (``kind="sft"``, a warm-start recipe): the starting policy's rollouts (the teacher), filtered by the
   recipe's ``aclarena_sft_filter`` with the SFT data pipeline's own rules, train the policy by cross-entropy.
 - GRPO (``kind="rl"``): rollouts, group-normalised rewards, PPO-clipped steps, optionally a KL term to the
-  starting policy; after each step the policy is synced to the engine.
+  starting policy; after each step the policy is synced to the engine. One loop (:func:`grpo_loop`) trains one
+  expert or N side by side (parallel MLE, :mod:`.parallel_mle`); rollouts and evaluations are :mod:`.rollouts`.
 
 The policy is a LoRA expert (``adapter/``, a PEFT folder) or, with full fine-tuning, the whole model
 (``model/``, a Hugging Face folder). Output folder::
@@ -38,10 +39,9 @@ import hashlib
 import json
 import os
 import random
-import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,21 +49,30 @@ from typing import TYPE_CHECKING, Any
 from aclarena_slime import parity
 from aclarena_slime.adapter_swap import files_checksum, swap_adapter
 from aclarena_slime.evaluation.monitor import StageMonitor
-from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine, open_engine
-from aclarena_slime.local.group_filter import GroupFilter, PromptStream, SampledStep, sample_groups
+from aclarena_slime.local.group_filter import PromptStream, SampledStep
 from aclarena_slime.local.records import (
     Sample,
     StageRecords,
     bind_engine,
-    new_sample,
     replay_mixture,
     stage_env_configs,
     stage_records,
+)
+from aclarena_slime.local.rollouts import (
+    evaluate,
+    in_stage,
+    progress_bar,
+    rollout_figures,
+    rollout_step,
+    sample_step,
+    step_line,
+    to_train_sample,
+    validate,
 )
 from aclarena_slime.local.sft import SftExample, SftSettings, frozen_copy, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
@@ -75,9 +84,8 @@ from aclarena_slime.local.trainer import (
     publish_folder,
     staging_folder,
 )
-from aclarena_slime.lora.export import peft_files
 from aclarena_slime.plugin.registry import get_environment
-from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens, run_sample, score_sample
+from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens
 from aclarena_slime.sglang_client import SGLangClient
 
 if TYPE_CHECKING:  # the SFT phase's filter: imported when an SFT stage runs
@@ -252,14 +260,16 @@ async def serve_policy(cfg: LocalStageConfig, stage: ServedStage, trainer: Polic
 def adapter_files(model: Any, adapter: str = "default") -> dict[str, bytes]:
     """The PEFT folder of ``model``'s adapter ``adapter``, as its files' bytes made from the tensors in memory."""
     from peft import get_peft_model_state_dict
+    from safetensors.torch import save
 
     tensors = get_peft_model_state_dict(model, adapter_name=adapter)
     config = copy.copy(model.peft_config[adapter])
     config.inference_mode = True  # as PEFT's save_pretrained writes it
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
-        settings = json.loads((Path(tmp) / "adapter_config.json").read_text())
-    return peft_files(tensors, settings)
+        settings = (Path(tmp) / "adapter_config.json").read_bytes()
+    weights = save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata={"format": "pt"})
+    return {"adapter_model.safetensors": weights, "adapter_config.json": settings}
 
 
 async def publish_adapter(
@@ -286,13 +296,13 @@ def write_folder(directory: Path, files: Mapping[str, bytes]) -> None:
     publish_folder(staging, Path(directory))
 
 
-def check_parity(trainer: PolicyTrainer, batch: list[Any]) -> dict[str, float]:
+def check_parity(recompute: Callable[[list[TrainSample]], list[list[float]]], batch: list[Any]) -> dict[str, float]:
     """The stage's parity check: the engine's log-probs of the batch against the trainer's recompute; a gap
     above :data:`~aclarena_slime.parity.LOCAL_TOLERANCE` stops the stage before the first update."""
     report = parity.require(
         parity.compare(
             [s.rollout_log_probs for s in batch],
-            trainer.recompute_log_probs(batch),
+            recompute(batch),
             [s.loss_mask for s in batch],
             parity.LOCAL_TOLERANCE,
         )
@@ -300,15 +310,24 @@ def check_parity(trainer: PolicyTrainer, batch: list[Any]) -> dict[str, float]:
     return {"parity_mean_abs": report.mean_abs, "parity_max_abs": report.max_abs}
 
 
+@dataclass
+class Expert:
+    """One policy the GRPO loop trains: one for a stage, N side by side for parallel MLE (:mod:`.parallel_mle`).
+
+    ``train`` takes one GRPO step on a batch, ``recompute`` gives the trainer's log-probs of a batch (the parity
+    check), ``publish(loaded)`` puts the policy on the engine (``loaded``: replacing the one served), ``save``
+    writes the policy after each step where the monitor reads it from disk."""
+
+    cfg: LocalStageConfig
+    train: Callable[[list[TrainSample]], dict[str, float]]
+    recompute: Callable[[list[TrainSample]], list[list[float]]]
+    publish: Callable[[bool], Awaitable[None]]
+    save: Callable[[], Any] | None = None
+    monitor: StageMonitor | None = None
+
+
 async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
     """Evaluate, then ``steps`` GRPO steps (the monitor watching earlier domains), then evaluate again."""
-    await serve_policy(cfg, stage, trainer, loaded=False)
-    split = stage_records(stage.env, cfg)
-    train = replay_mixture(cfg, split.train, stage.context.env_configs)  # the replay baseline (else as is)
-    stream, limit = PromptStream(train), asyncio.Semaphore(cfg.max_concurrency)
-    held_out, sampled = in_stage(cfg, split), cfg.eval_temperature > 0
-    validating = split.validation if cfg.validation_eval else []  # the validation prompts evaluated
-    steps: list[dict[str, Any]] = []
     monitor = StageMonitor.for_stage(
         bind_engine(cfg.monitor, stage.url, cfg.served_name),
         stage.url,
@@ -316,67 +335,143 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
         None if trainer.full else cfg.expert_name,
         cfg.policy_dir,
     )  # None: no earlier domain to watch
-    with _progress(cfg.progress) as progress:
-        task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
-        before = await evaluate(stage.context, held_out, cfg, limit)
-        before_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
-        validation = [await validate(stage.context, validating, cfg, limit, 0)] if validating else []
-        progress.advance(task)
-        keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
-        if keep_on_disk:
-            trainer.save(cfg.policy_dir)
-        if monitor:
-            await monitor.check(0)
-        for step in range(cfg.steps):
-            t0 = time.monotonic()
-            rolled = await sample_step(stage.context, stream, cfg, limit)
-            batch = [to_train_sample(s) for group in rolled.kept for s in group if s.usable]
-            # The parity check on the first batch with tokens to compare (step 0 unless it had none).
-            unchecked = not any("parity_mean_abs" in record for record in steps)
-            tokens = any(sum(s.loss_mask) for s in batch)
-            checked = await asyncio.to_thread(check_parity, trainer, batch) if unchecked and tokens else {}
-            stats = await asyncio.to_thread(trainer.step, batch)
-            await serve_policy(cfg, stage, trainer, loaded=True)  # the real backend's sync: unload, then load
-            if keep_on_disk:
-                trainer.save(cfg.policy_dir)
-            steps.append(
-                {
-                    "step": step,
-                    **rollout_figures([s for group in rolled.rolled_out for s in group]),
-                    **(rolled.figures() if cfg.dynamic_sampling else {}),
-                    **stats,
-                    **checked,
-                    "seconds": round(time.monotonic() - t0, 3),
-                }
-            )
-            progress.update(
-                task,
-                advance=1,
-                description=f"{cfg.env}: step {step + 1}/{cfg.steps} reward {steps[-1]['reward_mean']:.3f}",
-            )
-            if cfg.progress:
-                progress.console.print(step_line(steps[-1]))
-            if monitor and await monitor.check(step + 1):
-                break  # the monitor's action "stop": an earlier domain fell
-            if validating and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
-                validation.append(await validate(stage.context, validating, cfg, limit, step + 1))
-        if validating and validation[-1]["step"] != len(steps):
-            validation.append(await validate(stage.context, validating, cfg, limit, len(steps)))
-        after = await evaluate(stage.context, held_out, cfg, limit)
-        after_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
-        progress.advance(task)
+    keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
+    expert = Expert(
+        cfg,
+        trainer.step,
+        trainer.recompute_log_probs,
+        functools.partial(serve_policy, cfg, stage, trainer),
+        functools.partial(trainer.save, cfg.policy_dir) if keep_on_disk else None,
+        monitor,
+    )
+    [result] = await grpo_loop(stage.context, [expert])
     if trainer.full:
         trainer.save(cfg.policy_dir)
+    return result
+
+
+@dataclass
+class _Run:
+    """An expert's records and what the loop has measured of it so far."""
+
+    expert: Expert
+    split: StageRecords
+    stream: PromptStream
+    limit: asyncio.Semaphore
+    held_out: list[dict[str, Any]]
+    validating: list[dict[str, Any]]
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    stopped: bool = False
+
+
+async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[dict[str, Any]]:
+    """The one GRPO loop, over one expert or N on one engine: each is evaluated (sampled, greedy beside a sampled
+    evaluation, validation), then step by step every expert's groups are rolled out together and each takes its
+    own step (the parity check on its first batch with tokens), is published and checked by its monitor; each is
+    evaluated again at the end. Returns each expert's figures, in order."""
+    runs = []
+    for expert in experts:
+        cfg = expert.cfg
+        await expert.publish(False)
+        split = stage_records(context.env(cfg.env), cfg)
+        train = replay_mixture(cfg, split.train, context.env_configs)  # the replay baseline (else as is)
+        validating = split.validation if cfg.validation_eval else []  # the validation prompts evaluated
+        runs.append(_Run(expert, split, PromptStream(train), asyncio.Semaphore(cfg.max_concurrency),
+                         in_stage(cfg, split), validating))  # fmt: skip
+    first = experts[0].cfg
+    total = max(e.cfg.steps for e in experts)
+    with progress_bar(first.progress) as progress:
+        task = progress.add_task(f"{'+'.join(e.cfg.env for e in experts)}: evaluating", total=total + 2)
+        before = await asyncio.gather(*(_evaluations(context, run, 0) for run in runs))
+        progress.advance(task)
+        for run in runs:
+            if run.expert.save:
+                run.expert.save()
+            if run.expert.monitor:
+                await run.expert.monitor.check(0)
+        for step in range(total):
+            active = [run for run in runs if step < run.expert.cfg.steps and not run.stopped]
+            if not active:
+                break
+            t0 = time.monotonic()
+            rolled = await asyncio.gather(
+                *(sample_step(context, run.stream, run.expert.cfg, run.limit) for run in active)
+            )
+            for run, sampled in zip(active, rolled, strict=True):
+                await _train_step(run, sampled, step)
+            for run in active:
+                run.steps[-1]["seconds"] = round(time.monotonic() - t0, 3)
+            progress.update(task, advance=1, description=", ".join(
+                f"{run.expert.cfg.env}: step {step + 1}/{run.expert.cfg.steps} reward {run.steps[-1]['reward_mean']:.3f}"
+                for run in active))  # fmt: skip
+            for run in active:
+                cfg = run.expert.cfg
+                if first.progress:
+                    progress.console.print(("" if len(runs) == 1 else f"{cfg.env} ") + step_line(run.steps[-1]))
+                if run.expert.monitor and await run.expert.monitor.check(step + 1):
+                    run.stopped = True  # the monitor's action "stop": an earlier domain fell
+                elif run.validating and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
+                    run.validation.append(await validate(context, run.validating, cfg, run.limit, step + 1))
+        for run in runs:
+            if run.validating and run.validation[-1]["step"] != len(run.steps):
+                run.validation.append(await validate(context, run.validating, run.expert.cfg, run.limit,
+                                                     len(run.steps)))  # fmt: skip
+        after = await asyncio.gather(*(_evaluations(context, run) for run in runs))
+        progress.advance(task)
+    return [_figures(run, b, a) for run, b, a in zip(runs, before, after, strict=True)]
+
+
+async def _evaluations(
+    context: RolloutContext, run: _Run, validation_step: int | None = None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The expert's held-out reward (and the greedy one beside a sampled evaluation); with ``validation_step``,
+    its validation reward too."""
+    cfg = run.expert.cfg
+    sampled = await evaluate(context, run.held_out, cfg, run.limit)
+    greedy = await evaluate(context, run.held_out, cfg, run.limit, greedy=True) if cfg.eval_temperature > 0 else None
+    if validation_step is not None and run.validating:
+        run.validation.append(await validate(context, run.validating, cfg, run.limit, validation_step))
+    return sampled, greedy
+
+
+async def _train_step(run: _Run, sampled: SampledStep, step: int) -> None:
+    """One expert's GRPO step on its groups: the parity check on its first batch with tokens, the update, the
+    policy published (the real backend's sync: unload, then load) and saved where the monitor reads it."""
+    expert, cfg = run.expert, run.expert.cfg
+    batch = [to_train_sample(s) for group in sampled.kept for s in group if s.usable]
+    unchecked = not any("parity_mean_abs" in record for record in run.steps)
+    tokens = any(sum(s.loss_mask) for s in batch)
+    checked = await asyncio.to_thread(check_parity, expert.recompute, batch) if unchecked and tokens else {}
+    stats = await asyncio.to_thread(expert.train, batch)
+    await expert.publish(True)
+    if expert.save:
+        expert.save()
+    run.steps.append(
+        {
+            "step": step,
+            **rollout_figures([s for group in sampled.rolled_out for s in group]),
+            **(sampled.figures() if cfg.dynamic_sampling else {}),
+            **stats,
+            **checked,
+        }
+    )
+
+
+def _figures(
+    run: _Run, before: tuple[dict[str, Any], dict[str, Any] | None], after: tuple[dict[str, Any], dict[str, Any] | None]
+) -> dict[str, Any]:
+    sampled = run.expert.cfg.eval_temperature > 0
     return {
-        "eval_before": before,
-        "eval_after": after,
+        "eval_before": before[0],
+        "eval_after": after[0],
         # Beside a sampled evaluation, the greedy one: RL trains on samples and may sharpen them towards what
         # greedy decoding already answered, which moves the sampled reward and not the greedy one.
-        **({"eval_greedy": {"before": before_greedy, "after": after_greedy}} if sampled else {}),
-        "steps": steps,
-        **({"eval_validation": validation} if validation else {}),
-        **({"monitor": monitor.report(len(steps))} if monitor else {}),
-        "records": split.counts(),
+        **({"eval_greedy": {"before": before[1], "after": after[1]}} if sampled else {}),
+        "steps": run.steps,
+        **({"eval_validation": run.validation} if run.validation else {}),
+        **({"monitor": run.expert.monitor.report(len(run.steps))} if run.expert.monitor else {}),
+        "records": run.split.counts(),
     }
 
 
@@ -550,7 +645,7 @@ async def warm_start_examples(
     replayed = dict(cfg.replay.get("warm_start") or {}) if cfg.replay.get("enabled") else {}
     async with served_stage(cfg, model_dir) as stage:
         records = stage_records(stage.env, cfg)
-        with _progress(cfg.progress) as progress:
+        with progress_bar(cfg.progress) as progress:
             task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
             before = await evaluate(stage.context, in_stage(cfg, records), cfg, asyncio.Semaphore(cfg.max_concurrency))
             progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
@@ -591,134 +686,6 @@ async def warm_start_examples(
     return before, examples, report, stage.engine.generated_tokens
 
 
-async def rollout_step(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, step: int, limit: asyncio.Semaphore
-) -> list[Sample]:
-    """``samples_per_prompt`` rollouts of each record (one GRPO group per record, numbered from the step's
-    first), rewarded."""
-    numbered = [(step * cfg.prompts_per_step + g, record) for g, record in enumerate(records)]
-    return [s for group in await rollout_groups(context, numbered, cfg, limit) for s in group]
-
-
-async def rollout_groups(
-    context: RolloutContext, numbered: list[tuple[int, dict[str, Any]]], cfg: LocalStageConfig, limit: asyncio.Semaphore
-) -> list[list[Sample]]:
-    """One GRPO group of ``samples_per_prompt`` rewarded rollouts per ``(group number, record)``; sample ``k`` of
-    group ``g`` is sample ``g * samples_per_prompt + k`` of the stage (its sampling seed)."""
-    k = cfg.samples_per_prompt
-    groups = [[new_sample(record, g, g * k + j) for j in range(k)] for g, record in numbered]
-    params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len}
-    await _gather(context, [s for group in groups for s in group], params, cfg.seed, limit)
-    return groups
-
-
-async def sample_step(
-    context: RolloutContext, stream: PromptStream, cfg: LocalStageConfig, limit: asyncio.Semaphore
-) -> SampledStep:
-    """A GRPO step's groups: ``prompts_per_step`` of them, or with the recipe's dynamic sampling the first that
-    many its group filter keeps, over rounds of ``over_sampling_prompts`` (:mod:`~aclarena_slime.local.group_filter`)."""
-    group_filter = GroupFilter.named(cfg.group_filter, cfg.filter_settings) if cfg.group_filter else None
-    return await sample_groups(
-        stream,
-        functools.partial(rollout_groups, context, cfg=cfg, limit=limit),
-        cfg.prompts_per_step,
-        cfg.prompts_per_round,
-        group_filter,
-        cfg.max_sampling_rounds,
-    )
-
-
-async def evaluate(
-    context: RolloutContext,
-    records: list[dict[str, Any]],
-    cfg: LocalStageConfig,
-    limit: asyncio.Semaphore,
-    greedy: bool = False,
-) -> dict[str, Any]:
-    """Mean reward of ``eval_samples`` rollouts per held-out record at ``eval_temperature`` (avg@n; greedy at 0),
-    or with ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same
-    whatever the policy, so two evaluations of one stage differ by the policy, not by the draw."""
-    k = 1 if greedy else cfg.eval_samples
-    if not records:
-        return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k}
-    samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
-    params = {
-        "temperature": 0.0 if greedy else cfg.eval_temperature,
-        "top_p": 1.0 if greedy else cfg.eval_top_p,
-        "max_new_tokens": cfg.eval_budget,
-    }
-    await _gather(context, samples, params, cfg.seed + HELD_OUT_SEED, limit)
-    usable = [s for s in samples if s.usable]
-    mean = statistics.fmean(s.reward for s in usable) if usable else None
-    return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable), "prompts": len(records),
-            "samples_per_prompt": k}  # fmt: skip
-
-
-def in_stage(cfg: LocalStageConfig, records: StageRecords) -> list[dict[str, Any]]:
-    """The held-out records the stage evaluates itself: none with ``stage_eval`` off (the arena's evaluator
-    measures the stage's policy afterwards; the records stay out of training all the same)."""
-    return records.evaluation if cfg.stage_eval else []
-
-
-async def validate(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore, step: int
-) -> dict[str, Any]:
-    """The reward on the validation prompts after ``step`` GRPO steps, evaluated as the held-out prompts are: what
-    settings are chosen on."""
-    return {"step": step, **await evaluate(context, records, cfg, limit)}
-
-
-async def _gather(
-    context: RolloutContext, samples: list[Sample], params: dict[str, Any], seed: int, limit: asyncio.Semaphore
-) -> None:
-    """Roll out and score ``samples``; requests enter the engine in sample order, each with its own seed,
-    so a run is reproducible whatever order the engine finishes them in."""
-
-    async def one(sample: Sample) -> None:
-        async with limit:
-            await run_sample(context, sample, {**params, "sampling_seed": seed * 1_000_003 + int(sample.index or 0)})
-            if sample.usable:
-                sample.reward = await score_sample(context, sample)
-
-    await asyncio.gather(*(one(s) for s in samples))
-
-
-def step_line(step: dict[str, Any]) -> str:
-    """One GRPO step's diagnostics on one line: what the rollouts scored, whether there was anything to
-    learn from (groups with differing rewards), and how far the step moved the policy."""
-    return (
-        f"step {step['step']}: reward {step['reward_mean']:.3f}, groups with spread {step['groups_with_spread']:.2f}, "
-        f"adv std {step['adv_std']:.2f}, entropy {step.get('entropy', 0.0):.2f}, "
-        f"KL to start {step.get('kl_to_start', 0.0):.4f}, grad norm {step.get('grad_norm', 0.0):.2f}, "
-        f"clip {step['clip_frac']:.3f}, truncated {step['truncated_frac']:.2f}"
-    )
-
-
-def to_train_sample(sample: Sample) -> TrainSample:
-    return TrainSample(
-        tokens=list(sample.tokens),
-        response_length=sample.response_length,
-        loss_mask=list(sample.loss_mask or []),
-        rollout_log_probs=list(sample.rollout_log_probs or []),
-        reward=float(sample.reward or 0.0),
-        group=int(sample.group_index or 0),
-    )
-
-
-def rollout_figures(samples: list[Sample]) -> dict[str, float]:
-    usable = [s for s in samples if s.usable]
-    rewards = [float(s.reward or 0.0) for s in usable]
-    return {
-        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "response_len_mean": statistics.fmean(s.response_length for s in usable) if usable else 0.0,
-        "model_token_frac": sum(sum(s.loss_mask or []) for s in usable)
-        / max(sum(s.response_length for s in usable), 1),
-        "truncated_frac": sum(s.status is Sample.Status.TRUNCATED for s in usable) / max(len(usable), 1),
-        "excluded": float(len(samples) - len(usable)),
-    }
-
-
 def prepare_model(source: str, out: Path, seed: int, shape: TinyShape | None = None, texts: Sequence[str] = ()) -> Path:
     """The model directory: the tiny model (of ``shape``, its tokenizer also trained on ``texts``) written
     into ``out/base_model``, or the user's HF directory."""
@@ -730,18 +697,3 @@ def prepare_model(source: str, out: Path, seed: int, shape: TinyShape | None = N
             f"model {source!r} is neither 'tiny' nor a Hugging Face model directory (no config.json in it)"
         )
     return path.resolve()
-
-
-def _progress(enabled: bool) -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not enabled,
-        transient=False,
-        console=Console(stderr=True),  # stdout is for results (``--json``)
-    )

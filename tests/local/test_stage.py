@@ -223,7 +223,7 @@ def test_a_sampled_evaluation_gives_each_sample_of_a_prompt_its_own_seed(tmp_pat
     same prompt and sample, whatever the policy); ``greedy`` asks one greedy sample per prompt."""
     import asyncio
 
-    from aclarena_slime.local import stage
+    from aclarena_slime.local import rollouts as stage
 
     asked = []
 
