@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED
@@ -17,81 +18,116 @@ from aclarena_slime.local.trainer import TrainSample
 from aclarena_slime.rollout import RolloutContext, run_sample, score_sample
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a set of rollouts is drawn: ``samples`` a prompt at ``temperature`` / ``top_p``, ``max_new_tokens``
+    each, sample ``j`` of prompt ``i`` seeded from ``seed`` and its number."""
+
+    samples: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class StepSampling:
+    """A GRPO step's groups: ``prompts_per_step`` groups of ``groups``' rollouts, or with the recipe's dynamic
+    sampling the first that many ``group_filter`` keeps, over at most ``max_rounds`` rounds of
+    ``prompts_per_round`` prompts (:mod:`~aclarena_slime.local.group_filter`)."""
+
+    groups: Sampling
+    prompts_per_step: int
+    prompts_per_round: int
+    group_filter: GroupFilter | None
+    max_rounds: int
+
+
+def step_sampling(cfg: LocalStageConfig) -> StepSampling:
+    """The stage's GRPO step sampling, from its settings (the recipe's rollout section)."""
+    groups = Sampling(cfg.samples_per_prompt, cfg.temperature, cfg.top_p, cfg.max_response_len, cfg.seed)
+    group_filter = GroupFilter.named(cfg.group_filter, cfg.filter_settings) if cfg.group_filter else None
+    return StepSampling(groups, cfg.prompts_per_step, cfg.prompts_per_round, group_filter, cfg.max_sampling_rounds)
+
+
+def eval_sampling(cfg: LocalStageConfig) -> Sampling:
+    """The stage's evaluation sampling (avg@``eval_samples`` at the evaluation temperature), seeded apart from
+    training's (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`)."""
+    return Sampling(cfg.eval_samples, cfg.eval_temperature, cfg.eval_top_p, cfg.eval_budget, cfg.seed + HELD_OUT_SEED)
+
+
 async def rollout_step(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, step: int, limit: asyncio.Semaphore
+    context: RolloutContext, records: list[dict[str, Any]], step: StepSampling, number: int, limit: asyncio.Semaphore
 ) -> list[Sample]:
-    """``samples_per_prompt`` rollouts of each record (one GRPO group per record, numbered from the step's
-    first), rewarded."""
-    numbered = [(step * cfg.prompts_per_step + g, record) for g, record in enumerate(records)]
-    return [s for group in await rollout_groups(context, numbered, cfg, limit) for s in group]
+    """The rollouts of each record (one GRPO group per record, numbered from step ``number``'s first), rewarded."""
+    numbered = [(number * step.prompts_per_step + g, record) for g, record in enumerate(records)]
+    return [s for group in await rollout_groups(context, numbered, step.groups, limit) for s in group]
 
 
 async def rollout_groups(
-    context: RolloutContext, numbered: list[tuple[int, dict[str, Any]]], cfg: LocalStageConfig, limit: asyncio.Semaphore
+    context: RolloutContext, numbered: list[tuple[int, dict[str, Any]]], sampling: Sampling, limit: asyncio.Semaphore
 ) -> list[list[Sample]]:
-    """One GRPO group of ``samples_per_prompt`` rewarded rollouts per ``(group number, record)``; sample ``k`` of
-    group ``g`` is sample ``g * samples_per_prompt + k`` of the stage (its sampling seed)."""
-    k = cfg.samples_per_prompt
+    """One GRPO group of ``sampling.samples`` rewarded rollouts per ``(group number, record)``; sample ``k`` of
+    group ``g`` is sample ``g * samples + k`` of the stage (its sampling seed)."""
+    k = sampling.samples
     groups = [[new_sample(record, g, g * k + j) for j in range(k)] for g, record in numbered]
-    params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len}
-    await _gather(context, [s for group in groups for s in group], params, cfg.seed, limit)
+    params = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
+    await _gather(context, [s for group in groups for s in group], params, sampling.seed, limit)
     return groups
 
 
 async def sample_step(
-    context: RolloutContext, stream: PromptStream, cfg: LocalStageConfig, limit: asyncio.Semaphore
+    context: RolloutContext, stream: PromptStream, step: StepSampling, limit: asyncio.Semaphore
 ) -> SampledStep:
-    """A GRPO step's groups: ``prompts_per_step`` of them, or with the recipe's dynamic sampling the first that
-    many its group filter keeps, over rounds of ``over_sampling_prompts`` (:mod:`~aclarena_slime.local.group_filter`)."""
-    group_filter = GroupFilter.named(cfg.group_filter, cfg.filter_settings) if cfg.group_filter else None
+    """A GRPO step's groups (:class:`StepSampling`)."""
     return await sample_groups(
         stream,
-        functools.partial(rollout_groups, context, cfg=cfg, limit=limit),
-        cfg.prompts_per_step,
-        cfg.prompts_per_round,
-        group_filter,
-        cfg.max_sampling_rounds,
+        functools.partial(rollout_groups, context, sampling=step.groups, limit=limit),
+        step.prompts_per_step,
+        step.prompts_per_round,
+        step.group_filter,
+        step.max_rounds,
     )
 
 
 async def evaluate(
     context: RolloutContext,
     records: list[dict[str, Any]],
-    cfg: LocalStageConfig,
+    sampling: Sampling,
     limit: asyncio.Semaphore,
     greedy: bool = False,
 ) -> dict[str, Any]:
-    """Mean reward of ``eval_samples`` rollouts per held-out record at ``eval_temperature`` (avg@n; greedy at 0),
-    or with ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same
-    whatever the policy, so two evaluations of one stage differ by the policy, not by the draw."""
-    k = 1 if greedy else cfg.eval_samples
+    """Mean reward of ``sampling.samples`` rollouts per held-out record (avg@n; greedy at temperature 0), or with
+    ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same whatever
+    the policy, so two evaluations of one stage differ by the policy, not by the draw."""
+    k = 1 if greedy else sampling.samples
     if not records:
         return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k}
     samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
     params = {
-        "temperature": 0.0 if greedy else cfg.eval_temperature,
-        "top_p": 1.0 if greedy else cfg.eval_top_p,
-        "max_new_tokens": cfg.eval_budget,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "max_new_tokens": sampling.max_new_tokens,
     }
-    await _gather(context, samples, params, cfg.seed + HELD_OUT_SEED, limit)
+    await _gather(context, samples, params, sampling.seed, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable), "prompts": len(records),
             "samples_per_prompt": k}  # fmt: skip
 
 
-def in_stage(cfg: LocalStageConfig, records: StageRecords) -> list[dict[str, Any]]:
+def in_stage(records: StageRecords, stage_eval: bool) -> list[dict[str, Any]]:
     """The held-out records the stage evaluates itself: none with ``stage_eval`` off (the arena's evaluator
     measures the stage's policy afterwards; the records stay out of training all the same)."""
-    return records.evaluation if cfg.stage_eval else []
+    return records.evaluation if stage_eval else []
 
 
 async def validate(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore, step: int
+    context: RolloutContext, records: list[dict[str, Any]], sampling: Sampling, limit: asyncio.Semaphore, step: int
 ) -> dict[str, Any]:
     """The reward on the validation prompts after ``step`` GRPO steps, evaluated as the held-out prompts are: what
     settings are chosen on."""
-    return {"step": step, **await evaluate(context, records, cfg, limit)}
+    return {"step": step, **await evaluate(context, records, sampling, limit)}
 
 
 async def _gather(

@@ -64,6 +64,9 @@ from aclarena_slime.local.records import (
     stage_records,
 )
 from aclarena_slime.local.rollouts import (
+    Sampling,
+    StepSampling,
+    eval_sampling,
     evaluate,
     in_stage,
     progress_bar,
@@ -71,6 +74,7 @@ from aclarena_slime.local.rollouts import (
     rollout_step,
     sample_step,
     step_line,
+    step_sampling,
     to_train_sample,
     validate,
 )
@@ -360,6 +364,8 @@ class _Run:
     limit: asyncio.Semaphore
     held_out: list[dict[str, Any]]
     validating: list[dict[str, Any]]
+    sampling: StepSampling
+    evaluation: Sampling
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     stopped: bool = False
@@ -378,7 +384,7 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
         train = replay_mixture(cfg, split.train, context.env_configs)  # the replay baseline (else as is)
         validating = split.validation if cfg.validation_eval else []  # the validation prompts evaluated
         runs.append(_Run(expert, split, PromptStream(train), asyncio.Semaphore(cfg.max_concurrency),
-                         in_stage(cfg, split), validating))  # fmt: skip
+                         in_stage(split, cfg.stage_eval), validating, step_sampling(cfg), eval_sampling(cfg)))  # fmt: skip
     first = experts[0].cfg
     total = max(e.cfg.steps for e in experts)
     with progress_bar(first.progress) as progress:
@@ -396,7 +402,7 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
                 break
             t0 = time.monotonic()
             rolled = await asyncio.gather(
-                *(sample_step(context, run.stream, run.expert.cfg, run.limit) for run in active)
+                *(sample_step(context, run.stream, run.sampling, run.limit) for run in active)
             )
             for run, sampled in zip(active, rolled, strict=True):
                 await _train_step(run, sampled, step)
@@ -412,10 +418,10 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
                 if run.expert.monitor and await run.expert.monitor.check(step + 1):
                     run.stopped = True  # the monitor's action "stop": an earlier domain fell
                 elif run.validating and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
-                    run.validation.append(await validate(context, run.validating, cfg, run.limit, step + 1))
+                    run.validation.append(await validate(context, run.validating, run.evaluation, run.limit, step + 1))
         for run in runs:
             if run.validating and run.validation[-1]["step"] != len(run.steps):
-                run.validation.append(await validate(context, run.validating, run.expert.cfg, run.limit,
+                run.validation.append(await validate(context, run.validating, run.evaluation, run.limit,
                                                      len(run.steps)))  # fmt: skip
         after = await asyncio.gather(*(_evaluations(context, run) for run in runs))
         progress.advance(task)
@@ -427,11 +433,11 @@ async def _evaluations(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The expert's held-out reward (and the greedy one beside a sampled evaluation); with ``validation_step``,
     its validation reward too."""
-    cfg = run.expert.cfg
-    sampled = await evaluate(context, run.held_out, cfg, run.limit)
-    greedy = await evaluate(context, run.held_out, cfg, run.limit, greedy=True) if cfg.eval_temperature > 0 else None
+    sampling = run.evaluation
+    sampled = await evaluate(context, run.held_out, sampling, run.limit)
+    greedy = await evaluate(context, run.held_out, sampling, run.limit, greedy=True) if sampling.temperature > 0 else None
     if validation_step is not None and run.validating:
-        run.validation.append(await validate(context, run.validating, cfg, run.limit, validation_step))
+        run.validation.append(await validate(context, run.validating, sampling, run.limit, validation_step))
     return sampled, greedy
 
 
@@ -461,7 +467,7 @@ async def _train_step(run: _Run, sampled: SampledStep, step: int) -> None:
 def _figures(
     run: _Run, before: tuple[dict[str, Any], dict[str, Any] | None], after: tuple[dict[str, Any], dict[str, Any] | None]
 ) -> dict[str, Any]:
-    sampled = run.expert.cfg.eval_temperature > 0
+    sampled = run.evaluation.temperature > 0
     return {
         "eval_before": before[0],
         "eval_after": after[0],
@@ -482,8 +488,9 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
     await serve_policy(cfg, stage, trainer, loaded=False)
     split = stage_records(stage.env, cfg)
     limit = asyncio.Semaphore(cfg.max_concurrency)
-    before = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
-    teacher = await rollout_step(stage.context, split.train, cfg, 0, limit)
+    held_out, evaluation = in_stage(split, cfg.stage_eval), eval_sampling(cfg)
+    before = await evaluate(stage.context, held_out, evaluation, limit)
+    teacher = await rollout_step(stage.context, split.train, step_sampling(cfg), 0, limit)
     kept, report = keep(teacher, cfg.env, sft_filter(cfg))
     examples = rollout_examples(kept)
     steps = []
@@ -492,7 +499,7 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
             stats = await asyncio.to_thread(trainer.sft_step, examples[start:end])
             steps.append({"epoch": epoch, "samples": float(end - start), **stats})
     await serve_policy(cfg, stage, trainer, loaded=True)
-    after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
+    after = await evaluate(stage.context, held_out, evaluation, limit)
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return {
@@ -553,7 +560,7 @@ def warm_start_key(cfg: LocalStageConfig, records: StageRecords) -> str:
     the env and its gold demos, the model it starts from, the seed, and what sets its numerics (threads, the
     engine's batches). A setting it does not read (the RL phase's) does not enter it."""
     records_digest = hashlib.sha256(
-        json.dumps([records.warm_start, in_stage(cfg, records)], sort_keys=True, default=str).encode()
+        json.dumps([records.warm_start, in_stage(records, cfg.stage_eval)], sort_keys=True, default=str).encode()
     ).hexdigest()
     consumed = {
         "sft": dataclasses.asdict(warm_start_settings(cfg)),
@@ -647,7 +654,8 @@ async def warm_start_examples(
         records = stage_records(stage.env, cfg)
         with progress_bar(cfg.progress) as progress:
             task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
-            before = await evaluate(stage.context, in_stage(cfg, records), cfg, asyncio.Semaphore(cfg.max_concurrency))
+            held_out, limit = in_stage(records, cfg.stage_eval), asyncio.Semaphore(cfg.max_concurrency)
+            before = await evaluate(stage.context, held_out, eval_sampling(cfg), limit)
             progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
             mixed = replay_mixture(
                 cfg, records.warm_start, stage.context.env_configs, cfg.warm_start_batch_size, list(replayed)
