@@ -32,7 +32,7 @@ async def probe(cfg: LocalStageConfig) -> parity.ParityReport:
     trainer = PolicyTrainer.build(model_dir, train_settings(cfg), lora, cfg.base_adapter, cfg.seed)
     async with served_stage(cfg, model_dir) as stage:
         if lora is not None:
-            await serve_policy(cfg, stage, trainer, loaded=False)
+            await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False)
         records = stage_records(stage.env, cfg).train[:PROMPTS]
         sampling = step_sampling(cfg)
         samples = await rollout_step(stage.context, records, sampling, 0, asyncio.Semaphore(cfg.max_concurrency))

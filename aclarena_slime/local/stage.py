@@ -251,14 +251,14 @@ async def served_stage(
             await context.aclose()
 
 
-async def serve_policy(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer, loaded: bool) -> None:
-    """Put the trainer's policy on the engine: the adapter (swapped in, requests of every tag the stage runs
-    go to it), or with full fine-tuning the weights, in place."""
+async def serve_policy(stage: ServedStage, trainer: PolicyTrainer, name: str, folder: Path, loaded: bool) -> None:
+    """Put the trainer's policy on the engine: the adapter (written to ``folder``, swapped in as ``name``, requests
+    of every tag the stage runs go to it), or with full fine-tuning the weights, in place."""
     if trainer.full:
         stage.engine.update_weights(trainer.model.state_dict())
         return
-    await publish_adapter(stage.context.client(), cfg.expert_name, cfg.adapter_dir, adapter_files(trainer.model), loaded)
-    stage.context.experts = ExpertTable.from_mapping({tag: cfg.expert_name for tag in stage.context.env_configs})
+    await publish_adapter(stage.context.client(), name, folder, adapter_files(trainer.model), loaded)
+    stage.context.experts = ExpertTable.from_mapping({tag: name for tag in stage.context.env_configs})
 
 
 def adapter_files(model: Any, adapter: str = "default") -> dict[str, bytes]:
@@ -344,7 +344,7 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
         cfg,
         trainer.step,
         trainer.recompute_log_probs,
-        functools.partial(serve_policy, cfg, stage, trainer),
+        functools.partial(serve_policy, stage, trainer, cfg.expert_name, cfg.adapter_dir),
         functools.partial(trainer.save, cfg.policy_dir) if keep_on_disk else None,
         monitor,
     )
@@ -485,7 +485,7 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
     """An SFT warm-start stage: the starting policy's rollouts on the stage's prompts (the teacher), kept by
     the recipe's filter (the SFT data pipeline's rules), ``sft_epochs`` passes over what is kept, each in
     ``steps_per_rollout`` optimiser steps on contiguous parts (slime's global batch, as a GRPO step takes it)."""
-    await serve_policy(cfg, stage, trainer, loaded=False)
+    await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False)
     split = stage_records(stage.env, cfg)
     limit = asyncio.Semaphore(cfg.max_concurrency)
     held_out, evaluation = in_stage(split, cfg.stage_eval), eval_sampling(cfg)
@@ -498,7 +498,7 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
         for start, end in contiguous_parts(len(examples), cfg.steps_per_rollout):
             stats = await asyncio.to_thread(trainer.sft_step, examples[start:end])
             steps.append({"epoch": epoch, "samples": float(end - start), **stats})
-    await serve_policy(cfg, stage, trainer, loaded=True)
+    await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=True)
     after = await evaluate(stage.context, held_out, evaluation, limit)
     if trainer.full:
         trainer.save(cfg.policy_dir)

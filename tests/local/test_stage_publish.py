@@ -35,7 +35,8 @@ def test_a_truncated_adapter_file_fails_the_checksum_the_engine_checks(tiny_mode
 
     monkeypatch.setattr(stage_module, "swap_adapter", swap)
     context = SimpleNamespace(client=lambda: None, env_configs={"learnable": {}}, experts=None)
-    asyncio.run(stage_module.serve_policy(cfg, SimpleNamespace(context=context), trainer, loaded=False))
+    served = SimpleNamespace(context=context)
+    asyncio.run(stage_module.serve_policy(served, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False))
     with pytest.raises(AdapterSwapError, match="checksum"):
         verify_checksum(cfg.adapter_dir, sent["checksum"])  # the engine's own check refuses the cut file
 
