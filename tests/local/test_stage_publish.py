@@ -103,3 +103,19 @@ def test_the_warm_start_key_holds_what_the_warm_start_reads(tmp_path):
     assert asyncio.run(stage_module.cached_warm_start(rl_only)) == {"x": 1}
     data.write_text("".join(json.dumps({"prompt": f"another {i}", "label": "b"}) + "\n" for i in range(12)))
     assert asyncio.run(stage_module.cached_warm_start(cfg)) is None
+
+
+def test_a_published_adapter_is_the_peft_folder_a_chained_stage_continues(tiny_model_dir, tmp_path):
+    import torch
+
+    cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), progress=False)
+    trainer = PolicyTrainer.build(tiny_model_dir, stage_module.train_settings(cfg), cfg.lora, seed=0)
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.01)  # a trained expert: B is no longer 0
+    stage_module.write_folder(tmp_path / "adapter", stage_module.adapter_files(trainer.model))
+    chained = PolicyTrainer.build(tiny_model_dir, stage_module.train_settings(cfg), cfg.lora, tmp_path / "adapter", 1)
+    mine = {n: p for n, p in trainer.model.named_parameters() if "lora" in n}
+    theirs = {n: p for n, p in chained.model.named_parameters() if "lora" in n}
+    assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
