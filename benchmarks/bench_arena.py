@@ -36,8 +36,8 @@ from rich.table import Table
 from aclarena_slime.analysis import plots
 from aclarena_slime.analysis.comparison import COLUMNS, load_run
 from aclarena_slime.analysis.forgetting import ForgettingMatrix
+from aclarena_slime.arena.runner import run_arena
 from aclarena_slime.cli import main as cli
-from aclarena_slime.curriculum.arena import run_arena
 from aclarena_slime.worker_pool import worker_pool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,4 +6,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/launch/_python.sh"
 python="$(aclarena_python "$root")"
-exec "$python" -m aclarena_slime.curriculum "$@"
+exec "$python" -m aclarena_slime.arena "$@"  # an arena file, or one curriculum

@@ -5,8 +5,8 @@ inside a function (a lazy import is still a dependency) or under ``TYPE_CHECKING
 to the module imported, or to the package when a name comes from its ``__init__``. The layer order
 below is the design's (docs/ and the design notes): formats and clients at the bottom, the env
 contract, the shared rollout, evaluation, the slime edge and recipes, the two backends' runner
-and dispatcher, the curriculum (it runs stages through the launcher, and imports no backend) and
-the CLI on top.
+and dispatcher, the curriculum (it runs stages through the launcher, and reaches no backend but through
+it), the arena (it runs the local backend itself) and the CLI on top.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ LAYERS: list[set[str]] = [
         "sglang_errors",
         "adapter_swap",
         "worker_pool",
-    },  # formats, clients (adapter_swap: the one way an engine's adapters change)
+        "dotted",
+    },  # formats, clients (adapter_swap: the one way an engine's adapters change; dotted: the one path loader)
     {"plugin"},  # the env contract, registry and conformance kit
     {"agent_loop", "rollout", "group_rewards", "rollout_guard", "parity"},  # the one shared rollout; engine vs trainer log-probs
     {"lora", "router", "distill"},
@@ -44,9 +45,12 @@ LAYERS: list[set[str]] = [
     {"local"},  # the local backend
     {"launcher", "testing"},  # picks a backend and runs a stage on it; the pytest plugin and slime-side doubles
     {"curriculum"},  # writes recipe sections, runs stages through the launcher
+    {"arena"},  # methods over one shared base, which it builds and evaluates on the local backend
     {"cli", "__main__"},
 ]
 BACKENDS = ("aclarena_slime.local",)  # what the curriculum never imports
+# The one door from the curriculum to a backend: the stage launcher runs the stage on the backend it chose.
+STAGE_DISPATCH = "aclarena_slime.launcher.stage"
 
 
 def modules(root: Path, name: str) -> dict[str, tuple[Path, bool]]:
@@ -168,6 +172,33 @@ def test_the_curriculum_imports_no_backend():
         if b.startswith(BACKENDS)
     ]
     assert not found, "the curriculum imports a backend:\n  " + "\n  ".join(found)
+
+
+def reached(graph: dict[str, set[str]], start: str, door: str) -> dict[str, str]:
+    """Every module ``start`` reaches (module -> the module that imports it on the way), not through ``door``."""
+    seen, todo = {start: ""}, [start]
+    while todo:
+        here = todo.pop()
+        for there in sorted(graph.get(here, ())):
+            if there not in seen and there != door:
+                seen[there] = here
+                todo.append(there)
+    return seen
+
+
+def test_the_curriculum_reaches_no_backend_but_through_the_stage_launcher():
+    """Not only no import: no chain of imports (a re-export on the way, as the arena's base once was) reaches
+    the local backend, except the stage launcher's dispatch, which runs a stage on the backend it chose."""
+    found = []
+    for start in sorted(m for m in GRAPH if unit(m) == "curriculum"):
+        seen = reached(GRAPH, start, STAGE_DISPATCH)
+        for module in sorted(m for m in seen if m.startswith(BACKENDS)):
+            chain = [module]
+            while seen[chain[-1]]:
+                chain.append(seen[chain[-1]])
+            found.append(" <- ".join(chain))
+            break
+    assert not found, "the curriculum reaches a backend:\n  " + "\n  ".join(found)
 
 
 @pytest.mark.parametrize("env", sorted(p.name for p in (REPO / "envs").iterdir() if (p / "__init__.py").exists()))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 
 from aclarena_slime.cli import CommandError
+from aclarena_slime.dotted import load_dotted
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     target = getattr(factory, "prepare_data", None)
     if not target:
         raise CommandError(f"environment {args.env!r} has no data preparation")
-    module, _, name = target.rpartition(".")
-    prepare = getattr(importlib.import_module(module), name)
+    prepare = load_dotted(target)
     try:
         return int(prepare(list(args.rest)) or 0)
     except (ValueError, OSError) as exc:  # bad or missing input data: the user's to fix, not a traceback

@@ -169,10 +169,9 @@ def run_command(args: argparse.Namespace) -> int:
     async def main() -> dict[str, Any]:
         if args.endpoint:
             return await evaluate(args.endpoint)
-        from aclarena_slime.local.engine import LocalEngine
-        from aclarena_slime.local.generation import MultiLoraModel
+        from aclarena_slime.local.engine import open_engine
 
-        async with LocalEngine(MultiLoraModel.from_pretrained(args.local_model)).serve() as url:
+        async with open_engine(args.local_model).serve() as url:
             return await evaluate(url)
 
     try:

@@ -112,8 +112,8 @@ def serve_engine_command(args: argparse.Namespace) -> int:
 
     from aclarena_slime.experts import ExpertError
     from aclarena_slime.local.config import EngineSettings, LocalConfigError
-    from aclarena_slime.local.engine import LocalEngine
-    from aclarena_slime.local.generation import GenerationError, MultiLoraModel
+    from aclarena_slime.local.engine import open_engine
+    from aclarena_slime.local.generation import GenerationError
     from aclarena_slime.local.sglang_server import serve
     from aclarena_slime.local.stage import LocalStageError, prepare_model
 
@@ -126,10 +126,10 @@ def serve_engine_command(args: argparse.Namespace) -> int:
     try:
         model_dir = prepare_model(args.model, Path(args.work_dir), args.seed)
         settings = EngineSettings(args.max_running_requests, args.max_prefill_tokens)
-        model = MultiLoraModel.from_pretrained(model_dir, seed=args.seed, settings=settings)
-        for name, path in adapters.items():
-            model.load_adapter(name, path)
+        engine = open_engine(
+            model_dir, seed=args.seed, settings=settings, served_name=args.served_name, adapters=adapters
+        )
     except (LocalStageError, LocalConfigError, GenerationError, ExpertError, OSError) as exc:
         raise CommandError(str(exc)) from exc
-    serve(LocalEngine(model, served_name=args.served_name), model_dir, args.host, args.port)
+    serve(engine, model_dir, args.host, args.port)
     return 0

@@ -13,12 +13,13 @@ starts ``previous`` continues the stage before (the runner's lineage wins over t
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
+
+from aclarena_slime.dotted import DottedPathError, load_dotted
 
 FULL_FT = "lora.enabled=false"  # the paper's chain and oracles are full fine-tuning
 LORA = "lora.enabled=true"
@@ -44,11 +45,10 @@ class MethodError(ValueError):
 
 def load_method(path: str) -> Method:
     """The function at ``package.module.function`` (or ``package.module:function``)."""
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not sep or not module_name or not attr:
-        raise MethodError(f"a method is a dotted path 'package.module.function', got {path!r}")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
+        fn = load_dotted(path)
+    except DottedPathError as exc:
+        raise MethodError(f"a method: {exc}") from exc
     except (ImportError, AttributeError) as exc:
         raise MethodError(f"cannot load the method {path!r}: {exc}") from exc
     if not callable(fn):

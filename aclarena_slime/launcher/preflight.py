@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aclarena_slime.dotted import load_dotted
 from aclarena_slime.launcher.hf_export import origin_dir, vocab_mismatch, vocab_size
 from aclarena_slime.recipes.addresses import is_loopback, nodes_needed
 from aclarena_slime.recipes.compiler import SlimeCommand, is_megatron_checkpoint
@@ -171,8 +172,7 @@ def hook_paths(argv: list[str]) -> list[tuple[str, str]]:
 
 def load_hook(path: str) -> Any:
     """What ``slime.utils.misc.load_function`` does (module.attr), without needing slime to say why not."""
-    module, _, attr = path.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+    return load_dotted(path, colon=False)
 
 
 def check_hooks(argv: list[str]) -> list[Check]:

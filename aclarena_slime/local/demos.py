@@ -16,13 +16,13 @@ same way through :func:`replay_examples`.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aclarena_slime.agent_loop import COMPLETED, run_episode
 from aclarena_slime.chat_tokens import ChatTokens
+from aclarena_slime.dotted import DottedPathError, load_dotted
 from aclarena_slime.local.sft import SftExample
 from aclarena_slime.plugin.contract import Environment, Task
 from aclarena_slime.rollout import Budgets, loop_settings
@@ -36,11 +36,10 @@ class DemoError(ValueError):
 
 def load_demo_turns(path: str) -> DemoTurns:
     """The function at ``package.module.function`` (or ``package.module:function``)."""
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not sep or not module_name or not attr:
-        raise DemoError(f"warm_start_demos must be a dotted path 'package.module.function', got {path!r}")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
+        fn = load_dotted(path)
+    except DottedPathError as exc:
+        raise DemoError(f"warm_start_demos: {exc}") from exc
     except (ImportError, AttributeError) as exc:
         raise DemoError(f"cannot load the demo-turns function {path!r}: {exc}") from exc
     if not callable(fn):
@@ -140,8 +139,20 @@ async def demo_examples(
     turns_of: DemoTurns,
     budgets: Budgets,
     min_reward: float,
-    end_of_turn: int,
 ) -> tuple[list[SftExample], ReplayReport]:
-    """SFT examples from the env's gold demo trajectories for ``records`` (see the module docstring)."""
+    """SFT examples from the env's gold demo trajectories for ``records`` (see the module docstring); each demo
+    turn closes with :func:`end_of_turn` of the chat's tokenizer."""
     demos = [(record, list(turns_of(record))) for record in records]
-    return await replay_examples(env, chat, demos, budgets, min_reward, end_of_turn)
+    return await replay_examples(env, chat, demos, budgets, min_reward, end_of_turn(chat.tokenizer))
+
+
+def end_of_turn(tokenizer: Any) -> int:
+    """The token that closes a model turn: the chat template's end-of-turn (``<|im_end|>``), else the
+    tokenizer's eos (the lowest id when it lists several): the one rule every gold-demo replay uses."""
+    if "<|im_end|>" in tokenizer.get_vocab():
+        return int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    eos = tokenizer.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not ids:
+        raise DemoError("the tokenizer has neither <|im_end|> nor an eos token: no token closes a demo turn")
+    return int(min(ids))

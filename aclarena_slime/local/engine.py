@@ -20,7 +20,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from aiohttp import web
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.experts import ExpertError
 from aclarena_slime.http_service import LOOPBACK, serving
+from aclarena_slime.local.config import EngineSettings
 from aclarena_slime.local.generation import (
     Generation,
     GenerationError,
@@ -41,7 +42,7 @@ from aclarena_slime.local.generation import (
 
 
 class LocalEngine:
-    """``async with LocalEngine(model, served_name="tiny").serve() as url: ...``"""
+    """``async with open_engine(model_dir, served_name="tiny").serve() as url: ...`` (:func:`open_engine`)."""
 
     def __init__(self, model: MultiLoraModel, served_name: str = "local") -> None:
         self.model = model
@@ -50,6 +51,19 @@ class LocalEngine:
         self.generated_tokens = 0
         self.requests: dict[str, Request] = {}  # rid of each request queued or decoding
         self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer (what a client encodes prompts with)."""
+        return self.model.tokenizer
+
+    def update_weights(self, state: dict[str, Any]) -> None:
+        """Full fine-tuning's weight sync: the trained weights replace the served model's, in place (the local
+        analogue of slime's weight update; a LoRA expert reaches the engine as an adapter folder instead)."""
+        import torch
+
+        with torch.no_grad():
+            self.model.base.load_state_dict(state)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -345,3 +359,20 @@ def _adapter_fault(path: str, exc: Exception) -> str:
         except Exception as bad:  # safetensors raises its own SafetensorError (and OSError)
             return f"{weights}: {type(bad).__name__}: {bad}"
     return f"{path}: {type(exc).__name__}: {exc}"
+
+
+def open_engine(
+    model_dir: str | Path,
+    *,
+    seed: int = 0,
+    settings: EngineSettings | None = None,
+    served_name: str = "local",
+    adapters: Mapping[str, str | Path] | None = None,
+) -> LocalEngine:
+    """The one way the library builds the embedded engine (a stage, parallel MLE, the arena's evaluation,
+    ``aclarena eval --local-model`` and ``aclarena local serve-engine``): the Hugging Face model in
+    ``model_dir`` with ``adapters`` (name -> PEFT folder) loaded before it serves."""
+    model = MultiLoraModel.from_pretrained(model_dir, seed=seed, settings=settings)
+    for name, path in (adapters or {}).items():
+        model.load_adapter(name, path)
+    return LocalEngine(model, served_name=served_name)

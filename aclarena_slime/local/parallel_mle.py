@@ -6,12 +6,13 @@ adapters within a batch), one :class:`MultiExpertTrainer` holds one PEFT model w
 single copy of the backbone, and each env's samples train only that env's adapter (the adapter is
 selected for the env's micro-batches; the others see no gradient and keep their own optimiser). Each step
 rolls out every expert's prompts at once, takes one GRPO step per expert, and syncs each adapter to the
-engine (unload + load, as on slime). Outputs::
+engine (unload + load, as on slime): the N-expert case of the stage's one GRPO loop
+(:func:`~aclarena_slime.local.stage.grpo_loop`), with its parity check, validation and greedy evaluation. Outputs::
 
     base_model/         the tiny model, when model="tiny"
     experts/<tag>/      one PEFT folder per expert (the served adapter)
     experts.json        the manifest (ExpertTable): env tag -> expert
-    metrics.json        per expert: held-out reward before and after, per-step figures
+    metrics.json        per expert: held-out reward before and after (greedy, validation), per-step figures
 
 Each expert's settings are a :class:`LocalStageConfig` (env, data, optimiser, LoRA); they share the
 backbone (``model_source``, seed, tiny shape) and the engine settings. Seeds are the same as a stage
@@ -23,43 +24,30 @@ and takes the same optimiser steps as when :func:`~aclarena_slime.local.stage.ru
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
-import shutil
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
 from aclarena_slime.experts import EXPERTS_NAME, ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
-from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.local.group_filter import PromptStream
-from aclarena_slime.local.records import bind_engine, stage_records
+from aclarena_slime.local.records import bind_engine
 from aclarena_slime.local.stage import (
-    evaluate,
-    rollout_figures,
-    sample_step,
+    Expert,
+    adapter_files,
+    grpo_loop,
+    publish_adapter,
+    served_stage,
     stage_model,
-    to_train_sample,
     train_settings,
 )
-from aclarena_slime.local.trainer import (
-    PolicyTrainer,
-    TrainSample,
-    TrainSettings,
-    peft_lora_config,
-    publish_folder,
-    staging_folder,
-)
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, peft_lora_config
 from aclarena_slime.lora.config import LoraConfig
-from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens
 
 # Settings every expert must share: they describe the one backbone and the one engine.
 SHARED_FIELDS = (
@@ -128,21 +116,18 @@ class MultiExpertTrainer:
         self.model.set_adapter(name)
         return self.experts[name].step(samples)
 
+    def recompute_log_probs(self, name: str, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Expert ``name``'s log-probs of ``samples`` (its adapter active): the parity check's trainer side."""
+        if name not in self.experts:
+            raise KeyError(f"no expert {name!r}; experts: {sorted(self.experts)}")
+        self.model.set_adapter(name)
+        return self.experts[name].recompute_log_probs(samples)
+
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
         """The expert's adapter tensors (PEFT names, without the adapter name), detached copies."""
         from peft import get_peft_model_state_dict
 
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
-
-    def save(self, name: str, directory: str | Path) -> Path:
-        """Export expert ``name`` as its own PEFT folder, replacing ``directory`` atomically."""
-        directory = Path(directory)
-        staging = staging_folder(directory)
-        self.model.save_pretrained(str(staging), selected_adapters=[name])
-        written = staging / name if (staging / name).is_dir() else staging  # PEFT nests a named adapter
-        publish_folder(written, directory)
-        shutil.rmtree(staging, ignore_errors=True)
-        return directory
 
 
 def check_experts(cfgs: Sequence[LocalStageConfig]) -> None:
@@ -180,27 +165,6 @@ def run_parallel_mle(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -
     return asyncio.run(run_parallel_mle_async(cfgs, output_dir))
 
 
-@contextlib.asynccontextmanager
-async def _served(first: LocalStageConfig, cfgs: Sequence[LocalStageConfig], model_dir: Path) -> AsyncIterator[Any]:
-    """One engine on the backbone and one rollout context holding every expert's env."""
-    engine = LocalEngine(
-        MultiLoraModel.from_pretrained(model_dir, seed=first.seed, settings=first.engine_settings),
-        served_name=first.served_name,
-    )
-    async with engine.serve(first.engine_host, first.engine_port) as url:
-        context = RolloutContext(
-            engine_url=url,
-            load_chat=functools.partial(load_chat_tokens, str(model_dir)),
-            budgets=Budgets(max_response_len=first.max_response_len, mode=first.response_budget),
-            env_configs={c.env: bind_engine(c.env_config, url, first.served_name) for c in cfgs},
-            experts=ExpertTable.from_mapping({c.env: c.expert_name for c in cfgs}),
-        )
-        try:
-            yield engine, context
-        finally:
-            await context.aclose()
-
-
 async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -> dict[str, Any]:
     check_experts(cfgs)
     started, cpu_started = time.monotonic(), time.process_time()
@@ -211,46 +175,26 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
         model_dir, {c.expert_name: (train_settings(c), c.lora) for c in cfgs}, seed=first.seed
     )
     dirs = {c.expert_name: out / "experts" / c.expert_name for c in cfgs}
-    async with _served(first, cfgs, model_dir) as (engine, context):
-        client = context.client()
+    served = served_stage(
+        first,
+        model_dir,
+        env_configs=lambda url: {c.env: bind_engine(c.env_config, url, first.served_name) for c in cfgs},
+        experts=ExpertTable.from_mapping({c.env: c.expert_name for c in cfgs}),
+    )  # one engine on the backbone, one rollout context holding every expert's env
+    async with served as stage:
+        client = stage.context.client()
 
-        async def sync(cfg: LocalStageConfig, loaded: bool) -> None:  # one adapter-only sync per expert
-            folder = dirs[cfg.expert_name]
-            trainer.save(cfg.expert_name, folder)
-            checksum = adapter_checksum(folder)  # the engine checks the files it reads against it
-            await swap_adapter(
-                [client], cfg.expert_name, folder, checksum=checksum, engine_verifies=True, loaded=loaded
-            )
+        def expert(cfg: LocalStageConfig) -> Expert:  # its step, its parity recompute, its adapter-only sync
+            name = cfg.expert_name
 
-        for cfg in cfgs:
-            await sync(cfg, loaded=False)
-        splits = {c.env: stage_records(context.env(c.env), c) for c in cfgs}
-        limits = {c.env: asyncio.Semaphore(c.max_concurrency) for c in cfgs}
-        streams = {c.env: PromptStream(splits[c.env].train) for c in cfgs}
+            async def publish(loaded: bool) -> None:
+                await publish_adapter(client, name, dirs[name], adapter_files(trainer.model, name), loaded)
 
-        async def evaluate_all() -> list[dict[str, Any]]:
-            return list(
-                await asyncio.gather(*(evaluate(context, splits[c.env].evaluation, c, limits[c.env]) for c in cfgs))
-            )
+            step, recompute = functools.partial(trainer.step, name), functools.partial(trainer.recompute_log_probs, name)
+            return Expert(cfg, step, recompute, publish)
 
-        before = await evaluate_all()
-        steps: dict[str, list[dict[str, Any]]] = {c.env: [] for c in cfgs}
-        for step in range(max(c.steps for c in cfgs)):
-            active = [c for c in cfgs if step < c.steps]
-            t0 = time.monotonic()
-            rolled = await asyncio.gather(*(sample_step(context, streams[c.env], c, limits[c.env]) for c in active))
-            for cfg, sampled in zip(active, rolled, strict=True):
-                batch = [to_train_sample(s) for group in sampled.kept for s in group if s.usable]
-                stats = await asyncio.to_thread(trainer.step, cfg.expert_name, batch)
-                await sync(cfg, loaded=True)
-                figures = rollout_figures([s for group in sampled.rolled_out for s in group])
-                steps[cfg.env].append(
-                    {"step": step, **figures, **(sampled.figures() if cfg.dynamic_sampling else {}), **stats}
-                )
-            for cfg in active:
-                steps[cfg.env][-1]["seconds"] = round(time.monotonic() - t0, 3)
-        after = await evaluate_all()
-        generated = engine.generated_tokens
+        results = await grpo_loop(stage.context, [expert(c) for c in cfgs])
+        generated = stage.engine.generated_tokens
     table = ExpertTable.from_mapping(
         {
             "base": {"name": first.served_name, "path": str(model_dir)},
@@ -271,13 +215,10 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
             c.env: {
                 "expert": c.expert_name,
                 "adapter_dir": str(dirs[c.expert_name]),
-                "eval_before": b,
-                "eval_after": a,
-                "steps": steps[c.env],
-                "records": splits[c.env].counts(),
+                **figures,
                 "config": c.to_dict(),
             }
-            for c, b, a in zip(cfgs, before, after, strict=True)
+            for c, figures in zip(cfgs, results, strict=True)
         },
         "seconds": round(time.monotonic() - started, 2),
         "cpu_seconds": round(time.process_time() - cpu_started, 2),

@@ -15,15 +15,8 @@ from typing import Any
 from aclarena_slime import parity
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import stage_records
-from aclarena_slime.local.stage import (
-    rollout_step,
-    serve_policy,
-    served_stage,
-    stage_model,
-    to_train_sample,
-    tokenizer_texts,
-    train_settings,
-)
+from aclarena_slime.local.rollouts import rollout_step, step_sampling, to_train_sample
+from aclarena_slime.local.stage import serve_policy, served_stage, stage_model, tokenizer_texts, train_settings
 from aclarena_slime.local.trainer import PolicyTrainer
 
 PROMPTS, SAMPLES, TOKENS = 2, 2, 16  # a probe, not a run: a few short rollouts
@@ -39,9 +32,10 @@ async def probe(cfg: LocalStageConfig) -> parity.ParityReport:
     trainer = PolicyTrainer.build(model_dir, train_settings(cfg), lora, cfg.base_adapter, cfg.seed)
     async with served_stage(cfg, model_dir) as stage:
         if lora is not None:
-            await serve_policy(cfg, stage, trainer, loaded=False)
+            await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False)
         records = stage_records(stage.env, cfg).train[:PROMPTS]
-        samples = await rollout_step(stage.context, records, cfg, 0, asyncio.Semaphore(cfg.max_concurrency))
+        sampling = step_sampling(cfg)
+        samples = await rollout_step(stage.context, records, sampling, 0, asyncio.Semaphore(cfg.max_concurrency))
     batch = [to_train_sample(s) for s in samples if s.usable]
     engine = [s.rollout_log_probs for s in batch]
     masks = [s.loss_mask for s in batch]

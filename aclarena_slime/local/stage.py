@@ -12,7 +12,8 @@ The rollouts go through the shared rollout (:func:`~aclarena_slime.rollout.run_s
 - SFT (``kind="sft"``, a warm-start recipe): the starting policy's rollouts (the teacher), filtered by the
   recipe's ``aclarena_sft_filter`` with the SFT data pipeline's own rules, train the policy by cross-entropy.
 - GRPO (``kind="rl"``): rollouts, group-normalised rewards, PPO-clipped steps, optionally a KL term to the
-  starting policy; after each step the policy is synced to the engine.
+  starting policy; after each step the policy is synced to the engine. One loop (:func:`grpo_loop`) trains one
+  expert or N side by side (parallel MLE, :mod:`.parallel_mle`); rollouts and evaluations are :mod:`.rollouts`.
 
 The policy is a LoRA expert (``adapter/``, a PEFT folder) or, with full fine-tuning, the whole model
 (``model/``, a Hugging Face folder). Output folder::
@@ -31,41 +32,65 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import dataclasses
 import functools
+import hashlib
 import json
+import os
 import random
-import statistics
+import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aclarena_slime import parity
-from aclarena_slime.adapter_swap import adapter_checksum, swap_adapter
+from aclarena_slime.adapter_swap import files_checksum, swap_adapter
 from aclarena_slime.evaluation.monitor import StageMonitor
-from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
-from aclarena_slime.local.engine import LocalEngine
-from aclarena_slime.local.generation import MultiLoraModel
-from aclarena_slime.local.group_filter import GroupFilter, PromptStream, SampledStep, sample_groups
+from aclarena_slime.local.engine import LocalEngine, open_engine
+from aclarena_slime.local.group_filter import PromptStream, SampledStep
 from aclarena_slime.local.records import (
     Sample,
     StageRecords,
     bind_engine,
-    new_sample,
     replay_mixture,
     stage_env_configs,
     stage_records,
 )
+from aclarena_slime.local.rollouts import (
+    Sampling,
+    StepSampling,
+    eval_sampling,
+    evaluate,
+    in_stage,
+    progress_bar,
+    rollout_figures,
+    rollout_step,
+    sample_step,
+    step_line,
+    step_sampling,
+    to_train_sample,
+    validate,
+)
 from aclarena_slime.local.sft import SftExample, SftSettings, frozen_copy, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, contiguous_parts
+from aclarena_slime.local.trainer import (
+    PolicyTrainer,
+    TrainSample,
+    TrainSettings,
+    contiguous_parts,
+    publish_folder,
+    staging_folder,
+)
 from aclarena_slime.plugin.registry import get_environment
-from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens, run_sample, score_sample
+from aclarena_slime.rollout import Budgets, RolloutContext, load_chat_tokens
+from aclarena_slime.sglang_client import SGLangClient
 
 if TYPE_CHECKING:  # the SFT phase's filter: imported when an SFT stage runs
     from aclarena_slime.distill.sdft import MixtureSettings
@@ -167,18 +192,22 @@ async def tokenizer_texts(cfg: LocalStageConfig) -> list[str]:
     """
     if cfg.model_source != TINY_MODEL or not cfg.warm_start_steps or not cfg.warm_start_demos:
         return []
-    # Only the records are needed: no engine runs yet, so any URL in the env's settings stays unused.
-    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
-    try:
-        records = stage_records(env, cfg).warm_start
-    finally:
-        await env.aclose()
+    records = (await offline_records(cfg)).warm_start
     turns_of = load_demo_turns(str(cfg.warm_start_demos))
     texts: list[str] = []
     for record in records:
         prompt = record["prompt"]
         texts += [prompt if isinstance(prompt, str) else json.dumps(prompt), *turns_of(record)]
     return texts
+
+
+async def offline_records(cfg: LocalStageConfig) -> StageRecords:
+    """The stage's records, read before any engine runs (any URL in the env's settings stays unused)."""
+    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
+    try:
+        return stage_records(env, cfg)
+    finally:
+        await env.aclose()
 
 
 @dataclass
@@ -197,20 +226,24 @@ class ServedStage:
 
 
 @contextlib.asynccontextmanager
-async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[ServedStage]:
-    """The engine on ``model_dir`` and one rollout context for it: the stage's env and the replayed envs,
-    their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
+async def served_stage(
+    cfg: LocalStageConfig,
+    model_dir: Path,
+    env_configs: Callable[[str], dict[str, dict[str, Any]]] | None = None,
+    experts: ExpertTable | None = None,
+) -> AsyncIterator[ServedStage]:
+    """The engine on ``model_dir`` (:func:`~aclarena_slime.local.engine.open_engine`) and one rollout context for
+    it: by default the stage's env and the replayed envs (``env_configs``: the envs' settings given the engine's
+    URL), their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
     session) is closed, on this loop, before the engine stops."""
-    engine = LocalEngine(
-        MultiLoraModel.from_pretrained(model_dir, seed=cfg.seed, settings=cfg.engine_settings),
-        served_name=cfg.served_name,
-    )
+    engine = open_engine(model_dir, seed=cfg.seed, settings=cfg.engine_settings, served_name=cfg.served_name)
     async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
         context = RolloutContext(
             engine_url=url,
             load_chat=functools.partial(load_chat_tokens, str(model_dir)),
             budgets=Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
-            env_configs=stage_env_configs(cfg, url),
+            env_configs=env_configs(url) if env_configs else stage_env_configs(cfg, url),
+            experts=experts,
         )
         try:
             yield ServedStage(engine, url, model_dir, context)
@@ -218,32 +251,62 @@ async def served_stage(cfg: LocalStageConfig, model_dir: Path) -> AsyncIterator[
             await context.aclose()
 
 
-async def serve_policy(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer, loaded: bool) -> None:
-    """Put the trainer's policy on the engine: the adapter (swapped in, requests of every tag the stage runs
-    go to it), or with full fine-tuning the weights, in place."""
+async def serve_policy(stage: ServedStage, trainer: PolicyTrainer, name: str, folder: Path, loaded: bool) -> None:
+    """Put the trainer's policy on the engine: the adapter (written to ``folder``, swapped in as ``name``, requests
+    of every tag the stage runs go to it), or with full fine-tuning the weights, in place."""
     if trainer.full:
-        trainer.sync_weights(stage.engine.model.base)
+        stage.engine.update_weights(trainer.model.state_dict())
         return
-    trainer.save(cfg.adapter_dir)
-    checksum = adapter_checksum(cfg.adapter_dir)  # the engine checks the files it reads against it
-    await swap_adapter(
-        [stage.context.client()],
-        cfg.expert_name,
-        cfg.adapter_dir,
-        checksum=checksum,
-        engine_verifies=True,
-        loaded=loaded,
-    )
-    stage.context.experts = ExpertTable.from_mapping({tag: cfg.expert_name for tag in stage.context.env_configs})
+    await publish_adapter(stage.context.client(), name, folder, adapter_files(trainer.model), loaded)
+    stage.context.experts = ExpertTable.from_mapping({tag: name for tag in stage.context.env_configs})
 
 
-def check_parity(trainer: PolicyTrainer, batch: list[Any]) -> dict[str, float]:
+def adapter_files(model: Any, adapter: str = "default") -> dict[str, bytes]:
+    """The PEFT folder of ``model``'s adapter ``adapter``, as its files' bytes made from the tensors in memory."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save
+
+    tensors = get_peft_model_state_dict(model, adapter_name=adapter)
+    config = copy.copy(model.peft_config[adapter])
+    config.inference_mode = True  # as PEFT's save_pretrained writes it
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        settings = (Path(tmp) / "adapter_config.json").read_bytes()
+    weights = save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata={"format": "pt"})
+    return {"adapter_model.safetensors": weights, "adapter_config.json": settings}
+
+
+async def publish_adapter(
+    client: SGLangClient, name: str, folder: Path, files: Mapping[str, bytes], loaded: bool
+) -> None:
+    """Write an adapter's ``files`` into ``folder`` (replaced whole) and swap it in on the engine as ``name``
+    (unload, then load, when ``loaded``). The checksum the engine checks is taken of ``files``, the bytes meant
+    for the disk, so a file cut short on its way there is refused, never served."""
+    checksum = files_checksum(files)
+    await asyncio.to_thread(write_folder, folder, files)
+    await swap_adapter([client], name, folder, checksum=checksum, engine_verifies=True, loaded=loaded)
+
+
+def write_folder(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Put a folder holding ``files`` (name -> bytes) in place of ``directory``, whole (written aside, synced,
+    then renamed into place)."""
+    staging = staging_folder(Path(directory))
+    staging.mkdir()
+    for name, content in files.items():
+        with open(staging / name, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+    publish_folder(staging, Path(directory))
+
+
+def check_parity(recompute: Callable[[list[TrainSample]], list[list[float]]], batch: list[Any]) -> dict[str, float]:
     """The stage's parity check: the engine's log-probs of the batch against the trainer's recompute; a gap
     above :data:`~aclarena_slime.parity.LOCAL_TOLERANCE` stops the stage before the first update."""
     report = parity.require(
         parity.compare(
             [s.rollout_log_probs for s in batch],
-            trainer.recompute_log_probs(batch),
+            recompute(batch),
             [s.loss_mask for s in batch],
             parity.LOCAL_TOLERANCE,
         )
@@ -251,15 +314,24 @@ def check_parity(trainer: PolicyTrainer, batch: list[Any]) -> dict[str, float]:
     return {"parity_mean_abs": report.mean_abs, "parity_max_abs": report.max_abs}
 
 
+@dataclass
+class Expert:
+    """One policy the GRPO loop trains: one for a stage, N side by side for parallel MLE (:mod:`.parallel_mle`).
+
+    ``train`` takes one GRPO step on a batch, ``recompute`` gives the trainer's log-probs of a batch (the parity
+    check), ``publish(loaded)`` puts the policy on the engine (``loaded``: replacing the one served), ``save``
+    writes the policy after each step where the monitor reads it from disk."""
+
+    cfg: LocalStageConfig
+    train: Callable[[list[TrainSample]], dict[str, float]]
+    recompute: Callable[[list[TrainSample]], list[list[float]]]
+    publish: Callable[[bool], Awaitable[None]]
+    save: Callable[[], Any] | None = None
+    monitor: StageMonitor | None = None
+
+
 async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
     """Evaluate, then ``steps`` GRPO steps (the monitor watching earlier domains), then evaluate again."""
-    await serve_policy(cfg, stage, trainer, loaded=False)
-    split = stage_records(stage.env, cfg)
-    train = replay_mixture(cfg, split.train, stage.context.env_configs)  # the replay baseline (else as is)
-    stream, limit = PromptStream(train), asyncio.Semaphore(cfg.max_concurrency)
-    held_out, sampled = in_stage(cfg, split), cfg.eval_temperature > 0
-    validating = split.validation if cfg.validation_eval else []  # the validation prompts evaluated
-    steps: list[dict[str, Any]] = []
     monitor = StageMonitor.for_stage(
         bind_engine(cfg.monitor, stage.url, cfg.served_name),
         stage.url,
@@ -267,67 +339,145 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
         None if trainer.full else cfg.expert_name,
         cfg.policy_dir,
     )  # None: no earlier domain to watch
-    with _progress(cfg.progress) as progress:
-        task = progress.add_task(f"{cfg.env}: evaluating", total=cfg.steps + 2)
-        before = await evaluate(stage.context, held_out, cfg, limit)
-        before_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
-        validation = [await validate(stage.context, validating, cfg, limit, 0)] if validating else []
-        progress.advance(task)
-        keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
-        if keep_on_disk:
-            trainer.save(cfg.policy_dir)
-        if monitor:
-            await monitor.check(0)
-        for step in range(cfg.steps):
-            t0 = time.monotonic()
-            rolled = await sample_step(stage.context, stream, cfg, limit)
-            batch = [to_train_sample(s) for group in rolled.kept for s in group if s.usable]
-            # The parity check on the first batch with tokens to compare (step 0 unless it had none).
-            unchecked = not any("parity_mean_abs" in record for record in steps)
-            tokens = any(sum(s.loss_mask) for s in batch)
-            checked = await asyncio.to_thread(check_parity, trainer, batch) if unchecked and tokens else {}
-            stats = await asyncio.to_thread(trainer.step, batch)
-            await serve_policy(cfg, stage, trainer, loaded=True)  # the real backend's sync: unload, then load
-            if keep_on_disk:
-                trainer.save(cfg.policy_dir)
-            steps.append(
-                {
-                    "step": step,
-                    **rollout_figures([s for group in rolled.rolled_out for s in group]),
-                    **(rolled.figures() if cfg.dynamic_sampling else {}),
-                    **stats,
-                    **checked,
-                    "seconds": round(time.monotonic() - t0, 3),
-                }
-            )
-            progress.update(
-                task,
-                advance=1,
-                description=f"{cfg.env}: step {step + 1}/{cfg.steps} reward {steps[-1]['reward_mean']:.3f}",
-            )
-            if cfg.progress:
-                progress.console.print(step_line(steps[-1]))
-            if monitor and await monitor.check(step + 1):
-                break  # the monitor's action "stop": an earlier domain fell
-            if validating and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
-                validation.append(await validate(stage.context, validating, cfg, limit, step + 1))
-        if validating and validation[-1]["step"] != len(steps):
-            validation.append(await validate(stage.context, validating, cfg, limit, len(steps)))
-        after = await evaluate(stage.context, held_out, cfg, limit)
-        after_greedy = await evaluate(stage.context, held_out, cfg, limit, greedy=True) if sampled else None
-        progress.advance(task)
+    keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
+    expert = Expert(
+        cfg,
+        trainer.step,
+        trainer.recompute_log_probs,
+        functools.partial(serve_policy, stage, trainer, cfg.expert_name, cfg.adapter_dir),
+        functools.partial(trainer.save, cfg.policy_dir) if keep_on_disk else None,
+        monitor,
+    )
+    [result] = await grpo_loop(stage.context, [expert])
     if trainer.full:
         trainer.save(cfg.policy_dir)
+    return result
+
+
+@dataclass
+class _Run:
+    """An expert's records and what the loop has measured of it so far."""
+
+    expert: Expert
+    split: StageRecords
+    stream: PromptStream
+    limit: asyncio.Semaphore
+    held_out: list[dict[str, Any]]
+    validating: list[dict[str, Any]]
+    sampling: StepSampling
+    evaluation: Sampling
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    stopped: bool = False
+
+
+async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[dict[str, Any]]:
+    """The one GRPO loop, over one expert or N on one engine: each is evaluated (sampled, greedy beside a sampled
+    evaluation, validation), then step by step every expert's groups are rolled out together and each takes its
+    own step (the parity check on its first batch with tokens), is published and checked by its monitor; each is
+    evaluated again at the end. Returns each expert's figures, in order."""
+    runs = []
+    for expert in experts:
+        cfg = expert.cfg
+        await expert.publish(False)
+        split = stage_records(context.env(cfg.env), cfg)
+        train = replay_mixture(cfg, split.train, context.env_configs)  # the replay baseline (else as is)
+        validating = split.validation if cfg.validation_eval else []  # the validation prompts evaluated
+        runs.append(_Run(expert, split, PromptStream(train), asyncio.Semaphore(cfg.max_concurrency),
+                         in_stage(split, cfg.stage_eval), validating, step_sampling(cfg), eval_sampling(cfg)))  # fmt: skip
+    first = experts[0].cfg
+    total = max(e.cfg.steps for e in experts)
+    with progress_bar(first.progress) as progress:
+        task = progress.add_task(f"{'+'.join(e.cfg.env for e in experts)}: evaluating", total=total + 2)
+        before = await asyncio.gather(*(_evaluations(context, run, 0) for run in runs))
+        progress.advance(task)
+        for run in runs:
+            if run.expert.save:
+                run.expert.save()
+            if run.expert.monitor:
+                await run.expert.monitor.check(0)
+        for step in range(total):
+            active = [run for run in runs if step < run.expert.cfg.steps and not run.stopped]
+            if not active:
+                break
+            t0 = time.monotonic()
+            rolled = await asyncio.gather(
+                *(sample_step(context, run.stream, run.sampling, run.limit) for run in active)
+            )
+            for run, sampled in zip(active, rolled, strict=True):
+                await _train_step(run, sampled, step)
+            for run in active:
+                run.steps[-1]["seconds"] = round(time.monotonic() - t0, 3)
+            progress.update(task, advance=1, description=", ".join(
+                f"{run.expert.cfg.env}: step {step + 1}/{run.expert.cfg.steps} reward {run.steps[-1]['reward_mean']:.3f}"
+                for run in active))  # fmt: skip
+            for run in active:
+                cfg = run.expert.cfg
+                if first.progress:
+                    progress.console.print(("" if len(runs) == 1 else f"{cfg.env} ") + step_line(run.steps[-1]))
+                if run.expert.monitor and await run.expert.monitor.check(step + 1):
+                    run.stopped = True  # the monitor's action "stop": an earlier domain fell
+                elif run.validating and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
+                    run.validation.append(await validate(context, run.validating, run.evaluation, run.limit, step + 1))
+        for run in runs:
+            if run.validating and run.validation[-1]["step"] != len(run.steps):
+                run.validation.append(await validate(context, run.validating, run.evaluation, run.limit,
+                                                     len(run.steps)))  # fmt: skip
+        after = await asyncio.gather(*(_evaluations(context, run) for run in runs))
+        progress.advance(task)
+    return [_figures(run, b, a) for run, b, a in zip(runs, before, after, strict=True)]
+
+
+async def _evaluations(
+    context: RolloutContext, run: _Run, validation_step: int | None = None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The expert's held-out reward (and the greedy one beside a sampled evaluation); with ``validation_step``,
+    its validation reward too."""
+    sampling = run.evaluation
+    sampled = await evaluate(context, run.held_out, sampling, run.limit)
+    greedy = await evaluate(context, run.held_out, sampling, run.limit, greedy=True) if sampling.temperature > 0 else None
+    if validation_step is not None and run.validating:
+        run.validation.append(await validate(context, run.validating, sampling, run.limit, validation_step))
+    return sampled, greedy
+
+
+async def _train_step(run: _Run, sampled: SampledStep, step: int) -> None:
+    """One expert's GRPO step on its groups: the parity check on its first batch with tokens, the update, the
+    policy published (the real backend's sync: unload, then load) and saved where the monitor reads it."""
+    expert, cfg = run.expert, run.expert.cfg
+    batch = [to_train_sample(s) for group in sampled.kept for s in group if s.usable]
+    unchecked = not any("parity_mean_abs" in record for record in run.steps)
+    tokens = any(sum(s.loss_mask) for s in batch)
+    checked = await asyncio.to_thread(check_parity, expert.recompute, batch) if unchecked and tokens else {}
+    stats = await asyncio.to_thread(expert.train, batch)
+    await expert.publish(True)
+    if expert.save:
+        expert.save()
+    run.steps.append(
+        {
+            "step": step,
+            **rollout_figures([s for group in sampled.rolled_out for s in group]),
+            **(sampled.figures() if cfg.dynamic_sampling else {}),
+            **stats,
+            **checked,
+        }
+    )
+
+
+def _figures(
+    run: _Run, before: tuple[dict[str, Any], dict[str, Any] | None], after: tuple[dict[str, Any], dict[str, Any] | None]
+) -> dict[str, Any]:
+    sampled = run.evaluation.temperature > 0
     return {
-        "eval_before": before,
-        "eval_after": after,
+        "eval_before": before[0],
+        "eval_after": after[0],
         # Beside a sampled evaluation, the greedy one: RL trains on samples and may sharpen them towards what
         # greedy decoding already answered, which moves the sampled reward and not the greedy one.
-        **({"eval_greedy": {"before": before_greedy, "after": after_greedy}} if sampled else {}),
-        "steps": steps,
-        **({"eval_validation": validation} if validation else {}),
-        **({"monitor": monitor.report(len(steps))} if monitor else {}),
-        "records": split.counts(),
+        **({"eval_greedy": {"before": before[1], "after": after[1]}} if sampled else {}),
+        "steps": run.steps,
+        **({"eval_validation": run.validation} if run.validation else {}),
+        **({"monitor": run.expert.monitor.report(len(run.steps))} if run.expert.monitor else {}),
+        "records": run.split.counts(),
     }
 
 
@@ -335,11 +485,12 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
     """An SFT warm-start stage: the starting policy's rollouts on the stage's prompts (the teacher), kept by
     the recipe's filter (the SFT data pipeline's rules), ``sft_epochs`` passes over what is kept, each in
     ``steps_per_rollout`` optimiser steps on contiguous parts (slime's global batch, as a GRPO step takes it)."""
-    await serve_policy(cfg, stage, trainer, loaded=False)
+    await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False)
     split = stage_records(stage.env, cfg)
     limit = asyncio.Semaphore(cfg.max_concurrency)
-    before = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
-    teacher = await rollout_step(stage.context, split.train, cfg, 0, limit)
+    held_out, evaluation = in_stage(split, cfg.stage_eval), eval_sampling(cfg)
+    before = await evaluate(stage.context, held_out, evaluation, limit)
+    teacher = await rollout_step(stage.context, split.train, step_sampling(cfg), 0, limit)
     kept, report = keep(teacher, cfg.env, sft_filter(cfg))
     examples = rollout_examples(kept)
     steps = []
@@ -347,8 +498,8 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
         for start, end in contiguous_parts(len(examples), cfg.steps_per_rollout):
             stats = await asyncio.to_thread(trainer.sft_step, examples[start:end])
             steps.append({"epoch": epoch, "samples": float(end - start), **stats})
-    await serve_policy(cfg, stage, trainer, loaded=True)
-    after = await evaluate(stage.context, in_stage(cfg, split), cfg, limit)
+    await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=True)
+    after = await evaluate(stage.context, held_out, evaluation, limit)
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return {
@@ -400,35 +551,41 @@ def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
     ]
 
 
-# Settings of the phases after the warm start (and the output folder, which holds it): a stage that differs
-# from the last run in its output folder only in these reuses the warm-started backbone there
-# (``warm_start_model/``, with WARM_START_RECORD).
-AFTER_WARM_START = frozenset(
-    {
-        "kind", "sft_filter", "sft_epochs", "full_finetune", "weight_decay",
-        "adam_beta1", "adam_beta2", "steps", "prompts_per_step", "samples_per_prompt", "lr", "temperature",
-        "top_p", "lora", "updates_per_step", "clip_eps_low", "clip_eps_high", "engine_host", "engine_port",
-        "max_concurrency", "progress", "monitor", "base_adapter", "output_dir", "validation_size",
-        "validation_interval", "validation_eval", "group_filter", "over_sampling_prompts", "filter_settings",
-        "max_sampling_rounds", "steps_per_rollout",
+WARM_START_RECORD = "warm_start.json"  # in the warm-started backbone's folder: its key and report
+
+
+def warm_start_key(cfg: LocalStageConfig, records: StageRecords) -> str:
+    """What the warm-started backbone and its report are made of, as one string: the SFT settings, the records it
+    trains on and the held-out ones it reports on (their content, so a changed data file is a new warm start),
+    the env and its gold demos, the model it starts from, the seed, and what sets its numerics (threads, the
+    engine's batches). A setting it does not read (the RL phase's) does not enter it."""
+    records_digest = hashlib.sha256(
+        json.dumps([records.warm_start, in_stage(records, cfg.stage_eval)], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    consumed = {
+        "sft": dataclasses.asdict(warm_start_settings(cfg)),
+        "records": records_digest,
+        "env": [cfg.env, cfg.env_config],
+        "demos": [cfg.warm_start_demos, cfg.warm_start_min_reward, cfg.max_response_len, cfg.response_budget],
+        "replay": cfg.replay if cfg.replay.get("enabled") else None,
+        "evaluation": [cfg.eval_samples, cfg.eval_temperature, cfg.eval_top_p, cfg.eval_budget, cfg.stage_eval],
+        "model": [cfg.model_source, cfg.tiny_vocab_size, cfg.tiny_hidden_size, cfg.tiny_layers],
+        "seed": cfg.seed,
+        "numerics": [cfg.torch_threads, dataclasses.asdict(cfg.engine_settings), cfg.max_concurrency],
     }
-)  # fmt: skip
-WARM_START_RECORD = "warm_start.json"
+    return json.dumps(consumed, sort_keys=True, default=str)
 
 
-def warm_start_key(cfg: LocalStageConfig) -> str:
-    """What the warm-started backbone depends on (every setting but :data:`AFTER_WARM_START`), as one string."""
-    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in AFTER_WARM_START}, sort_keys=True)
-
-
-def cached_warm_start(cfg: LocalStageConfig) -> dict[str, Any] | None:
-    """The warm start's report when ``warm_start_dir`` holds one made with these settings, else None."""
+async def cached_warm_start(cfg: LocalStageConfig, key: str | None = None) -> dict[str, Any] | None:
+    """The warm start's report when ``warm_start_dir`` holds one made of the same (:func:`warm_start_key`; ``key``
+    when already taken), else None."""
     record = cfg.warm_start_dir / WARM_START_RECORD
     try:
         saved = json.loads(record.read_text())
     except (OSError, ValueError):
         return None
-    return saved.get("warm_start") if saved.get("key") == warm_start_key(cfg) else None
+    key = key if key is not None else warm_start_key(cfg, await offline_records(cfg))
+    return saved.get("warm_start") if saved.get("key") == key else None
 
 
 async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -436,7 +593,8 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
 
     A warm start already in the output folder with the same settings (and seed) is reused: the runs that
     change only the RL settings skip its cost (``cached`` in the report)."""
-    cached = cached_warm_start(cfg)
+    key = warm_start_key(cfg, await offline_records(cfg))
+    cached = await cached_warm_start(cfg, key)
     if cached is not None:
         backbone = cfg.warm_start_dir.resolve()
         return backbone, {**cached, "backbone": str(backbone), "cached": True, "engine_generated_tokens": 0}
@@ -445,7 +603,7 @@ async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path
     (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
     backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
     report = {"eval_before": before, **demos, "sft": sft, "backbone": str(backbone)}
-    write_json_atomic(backbone / WARM_START_RECORD, {"key": warm_start_key(cfg), "warm_start": report})
+    write_json_atomic(backbone / WARM_START_RECORD, {"key": key, "warm_start": report})
     return backbone, {**report, "cached": False, "engine_generated_tokens": generated}
 
 
@@ -494,9 +652,10 @@ async def warm_start_examples(
     replayed = dict(cfg.replay.get("warm_start") or {}) if cfg.replay.get("enabled") else {}
     async with served_stage(cfg, model_dir) as stage:
         records = stage_records(stage.env, cfg)
-        with _progress(cfg.progress) as progress:
+        with progress_bar(cfg.progress) as progress:
             task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
-            before = await evaluate(stage.context, in_stage(cfg, records), cfg, asyncio.Semaphore(cfg.max_concurrency))
+            held_out, limit = in_stage(records, cfg.stage_eval), asyncio.Semaphore(cfg.max_concurrency)
+            before = await evaluate(stage.context, held_out, eval_sampling(cfg), limit)
             progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
             mixed = replay_mixture(
                 cfg, records.warm_start, stage.context.env_configs, cfg.warm_start_batch_size, list(replayed)
@@ -519,7 +678,6 @@ async def warm_start_examples(
                     load_demo_turns(str(demos["demos"])),
                     Budgets(max_response_len=int(demos["max_response_len"]), mode=cfg.response_budget),
                     best,
-                    _end_of_turn(stage.engine.model),
                 )
                 examples += tag_examples
                 reports[tag] = {"records": len(tag_records), "examples": len(tag_examples), **replay.as_dict()}
@@ -536,141 +694,6 @@ async def warm_start_examples(
     return before, examples, report, stage.engine.generated_tokens
 
 
-def _end_of_turn(model: MultiLoraModel) -> int:
-    """The token that closes a model turn: the chat template's end-of-turn, else the first eos id."""
-    tokenizer = model.tokenizer
-    token = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    return int(token if token is not None else min(model.eos_ids))
-
-
-async def rollout_step(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, step: int, limit: asyncio.Semaphore
-) -> list[Sample]:
-    """``samples_per_prompt`` rollouts of each record (one GRPO group per record, numbered from the step's
-    first), rewarded."""
-    numbered = [(step * cfg.prompts_per_step + g, record) for g, record in enumerate(records)]
-    return [s for group in await rollout_groups(context, numbered, cfg, limit) for s in group]
-
-
-async def rollout_groups(
-    context: RolloutContext, numbered: list[tuple[int, dict[str, Any]]], cfg: LocalStageConfig, limit: asyncio.Semaphore
-) -> list[list[Sample]]:
-    """One GRPO group of ``samples_per_prompt`` rewarded rollouts per ``(group number, record)``; sample ``k`` of
-    group ``g`` is sample ``g * samples_per_prompt + k`` of the stage (its sampling seed)."""
-    k = cfg.samples_per_prompt
-    groups = [[new_sample(record, g, g * k + j) for j in range(k)] for g, record in numbered]
-    params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len}
-    await _gather(context, [s for group in groups for s in group], params, cfg.seed, limit)
-    return groups
-
-
-async def sample_step(
-    context: RolloutContext, stream: PromptStream, cfg: LocalStageConfig, limit: asyncio.Semaphore
-) -> SampledStep:
-    """A GRPO step's groups: ``prompts_per_step`` of them, or with the recipe's dynamic sampling the first that
-    many its group filter keeps, over rounds of ``over_sampling_prompts`` (:mod:`~aclarena_slime.local.group_filter`)."""
-    group_filter = GroupFilter.named(cfg.group_filter, cfg.filter_settings) if cfg.group_filter else None
-    return await sample_groups(
-        stream,
-        functools.partial(rollout_groups, context, cfg=cfg, limit=limit),
-        cfg.prompts_per_step,
-        cfg.prompts_per_round,
-        group_filter,
-        cfg.max_sampling_rounds,
-    )
-
-
-async def evaluate(
-    context: RolloutContext,
-    records: list[dict[str, Any]],
-    cfg: LocalStageConfig,
-    limit: asyncio.Semaphore,
-    greedy: bool = False,
-) -> dict[str, Any]:
-    """Mean reward of ``eval_samples`` rollouts per held-out record at ``eval_temperature`` (avg@n; greedy at 0),
-    or with ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same
-    whatever the policy, so two evaluations of one stage differ by the policy, not by the draw."""
-    k = 1 if greedy else cfg.eval_samples
-    if not records:
-        return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k}
-    samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
-    params = {
-        "temperature": 0.0 if greedy else cfg.eval_temperature,
-        "top_p": 1.0 if greedy else cfg.eval_top_p,
-        "max_new_tokens": cfg.eval_budget,
-    }
-    await _gather(context, samples, params, cfg.seed + HELD_OUT_SEED, limit)
-    usable = [s for s in samples if s.usable]
-    mean = statistics.fmean(s.reward for s in usable) if usable else None
-    return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable), "prompts": len(records),
-            "samples_per_prompt": k}  # fmt: skip
-
-
-def in_stage(cfg: LocalStageConfig, records: StageRecords) -> list[dict[str, Any]]:
-    """The held-out records the stage evaluates itself: none with ``stage_eval`` off (the arena's evaluator
-    measures the stage's policy afterwards; the records stay out of training all the same)."""
-    return records.evaluation if cfg.stage_eval else []
-
-
-async def validate(
-    context: RolloutContext, records: list[dict[str, Any]], cfg: LocalStageConfig, limit: asyncio.Semaphore, step: int
-) -> dict[str, Any]:
-    """The reward on the validation prompts after ``step`` GRPO steps, evaluated as the held-out prompts are: what
-    settings are chosen on."""
-    return {"step": step, **await evaluate(context, records, cfg, limit)}
-
-
-async def _gather(
-    context: RolloutContext, samples: list[Sample], params: dict[str, Any], seed: int, limit: asyncio.Semaphore
-) -> None:
-    """Roll out and score ``samples``; requests enter the engine in sample order, each with its own seed,
-    so a run is reproducible whatever order the engine finishes them in."""
-
-    async def one(sample: Sample) -> None:
-        async with limit:
-            await run_sample(context, sample, {**params, "sampling_seed": seed * 1_000_003 + int(sample.index or 0)})
-            if sample.usable:
-                sample.reward = await score_sample(context, sample)
-
-    await asyncio.gather(*(one(s) for s in samples))
-
-
-def step_line(step: dict[str, Any]) -> str:
-    """One GRPO step's diagnostics on one line: what the rollouts scored, whether there was anything to
-    learn from (groups with differing rewards), and how far the step moved the policy."""
-    return (
-        f"step {step['step']}: reward {step['reward_mean']:.3f}, groups with spread {step['groups_with_spread']:.2f}, "
-        f"adv std {step['adv_std']:.2f}, entropy {step.get('entropy', 0.0):.2f}, "
-        f"KL to start {step.get('kl_to_start', 0.0):.4f}, grad norm {step.get('grad_norm', 0.0):.2f}, "
-        f"clip {step['clip_frac']:.3f}, truncated {step['truncated_frac']:.2f}"
-    )
-
-
-def to_train_sample(sample: Sample) -> TrainSample:
-    return TrainSample(
-        tokens=list(sample.tokens),
-        response_length=sample.response_length,
-        loss_mask=list(sample.loss_mask or []),
-        rollout_log_probs=list(sample.rollout_log_probs or []),
-        reward=float(sample.reward or 0.0),
-        group=int(sample.group_index or 0),
-    )
-
-
-def rollout_figures(samples: list[Sample]) -> dict[str, float]:
-    usable = [s for s in samples if s.usable]
-    rewards = [float(s.reward or 0.0) for s in usable]
-    return {
-        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "response_len_mean": statistics.fmean(s.response_length for s in usable) if usable else 0.0,
-        "model_token_frac": sum(sum(s.loss_mask or []) for s in usable)
-        / max(sum(s.response_length for s in usable), 1),
-        "truncated_frac": sum(s.status is Sample.Status.TRUNCATED for s in usable) / max(len(usable), 1),
-        "excluded": float(len(samples) - len(usable)),
-    }
-
-
 def prepare_model(source: str, out: Path, seed: int, shape: TinyShape | None = None, texts: Sequence[str] = ()) -> Path:
     """The model directory: the tiny model (of ``shape``, its tokenizer also trained on ``texts``) written
     into ``out/base_model``, or the user's HF directory."""
@@ -682,18 +705,3 @@ def prepare_model(source: str, out: Path, seed: int, shape: TinyShape | None = N
             f"model {source!r} is neither 'tiny' nor a Hugging Face model directory (no config.json in it)"
         )
     return path.resolve()
-
-
-def _progress(enabled: bool) -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not enabled,
-        transient=False,
-        console=Console(stderr=True),  # stdout is for results (``--json``)
-    )

@@ -138,10 +138,9 @@ def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
         entries = {d["name"]: d for d in (command.eval_config or {}).get("eval", {}).get("datasets", [])}
         return entries.get(name, {}).get(field)
     if head == "code":
-        import importlib
+        from aclarena_slime.dotted import load_dotted
 
-        module, _, name = rest.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return load_dotted(rest)
     if head == "recipe":
         value: Any = recipe
         for part in rest.split("."):

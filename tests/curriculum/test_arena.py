@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aclarena_slime.cli import main as cli
-from aclarena_slime.curriculum.arena import (
+from aclarena_slime.arena.base import evaluate_policy
+from aclarena_slime.arena.runner import (
     domain_configs,
     held_out_suite,
     is_arena,
@@ -18,10 +18,10 @@ from aclarena_slime.curriculum.arena import (
     method_curriculum,
     run_arena,
 )
+from aclarena_slime.cli import main as cli
 from aclarena_slime.curriculum.config import load_curriculum
 from aclarena_slime.curriculum.methods import WARM_START_INTO_EXPERT, MethodError
 from aclarena_slime.experts import EXPERTS_NAME
-from aclarena_slime.launcher.arena_base import evaluate_policy
 from aclarena_slime.plugin.contract import Task
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.recipes.compose import RecipeError

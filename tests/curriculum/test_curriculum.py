@@ -236,7 +236,7 @@ def test_start_must_name_an_earlier_stage(tmp_path: Path):
 def test_shipped_curricula_compose_every_stage(path: Path, tmp_path: Path):
     import yaml
 
-    from aclarena_slime.curriculum.arena import is_arena, load_arena, method_curriculum
+    from aclarena_slime.arena.runner import is_arena, load_arena, method_curriculum
     from aclarena_slime.curriculum.config import load_curriculum, recipe_path
     from aclarena_slime.curriculum.runner import stage_recipe
 

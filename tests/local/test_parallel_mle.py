@@ -116,3 +116,20 @@ def test_experts_side_by_side_end_within_noise_of_experts_alone(tmp_path):
     assert moved > 1e-3
     metrics = json.loads((tmp_path / "parallel" / "metrics.json").read_text())
     assert metrics["kind"] == "parallel_mle" and set(metrics["experts"]) == {"learnable", "mock"}
+
+
+@pytest.mark.slow
+def test_parallel_mle_runs_the_stages_grpo_loop(tmp_path):
+    """Parallel MLE is the N-expert case of the stage's GRPO loop: each expert gets the parity check on its first
+    batch, its validation curve and the greedy evaluation beside a sampled one (its own loop had none of them)."""
+    extra = dict(steps=1, eval_temperature=0.7, eval_samples=2)
+    cfgs = [
+        _cfg(tmp_path, "learnable", validation_size=2, validation_interval=1, **extra),
+        _cfg(tmp_path, "mock", env_config={"max_turns": 2}, **extra),  # a handful of prompts: none to validate on
+    ]
+    metrics = run_parallel_mle(cfgs, tmp_path / "parallel")
+    for env, expert in metrics["experts"].items():
+        assert expert["steps"][0]["parity_max_abs"] < 1e-3, env
+        assert set(expert["eval_greedy"]) == {"before", "after"} and expert["eval_greedy"]["after"]["n"] == 2, env
+    assert [v["step"] for v in metrics["experts"]["learnable"]["eval_validation"]] == [0, 1]
+    assert "eval_validation" not in metrics["experts"]["mock"]

@@ -38,7 +38,7 @@ def _eot(chat: ChatTokens) -> int:
 def _replay(env, chat, records, turns_of, min_reward=1.0, budget=512):
     async def run():
         try:
-            return await demo_examples(env, chat, records, turns_of, Budgets(budget), min_reward, _eot(chat))
+            return await demo_examples(env, chat, records, turns_of, Budgets(budget), min_reward)
         finally:
             await env.aclose()
 
@@ -320,8 +320,8 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     assert again["warm_start"]["cached"] is True and weights.stat().st_mtime_ns == written
     assert again["eval_before"] == metrics["eval_before"] and again["eval_warm_start"] == metrics["eval_warm_start"]
     assert again["warm_start"]["sft"] == warm["sft"]
-    assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "warm_start_lr": 5e-3})) is None
-    assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "steps_per_rollout": 2})) is not None  # GRPO's
+    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "warm_start_lr": 5e-3}))) is None
+    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "steps_per_rollout": 2}))) is not None  # GRPO's
     # validation_eval=false (the main command's profile): the validation prompts stay out of the RL records, not
     # evaluated; the run trains and evaluates exactly as the one that evaluated them.
     quiet = run_stage(LocalStageConfig(**{**cfg.to_dict(), "validation_eval": False}))

@@ -36,11 +36,10 @@ def math_examples(tiny_model_dir):
 
     chat = ChatTokens(AutoTokenizer.from_pretrained(tiny_model_dir))
     env = MathEnvironment({"workers": 1})
-    eot = chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     async def run():
         try:
-            return await demo_examples(env, chat, env.demo_records(16, seed=0), math_demo_turns, Budgets(512), 1.0, eot)
+            return await demo_examples(env, chat, env.demo_records(16, seed=0), math_demo_turns, Budgets(512), 1.0)
         finally:
             await env.aclose()
 
@@ -144,9 +143,9 @@ def test_the_replay_warm_start_trains_on_the_earlier_domains_demos(tmp_path):
     # The GRPO phase measures (and anchors) the policy against the stage's start: already apart at step 0.
     assert metrics["steps"][0]["kl_to_start"] > 0
     # The warm start depends on the replay and the KL term: a changed one is not the cached backbone.
-    assert cached_warm_start(cfg) is not None
-    assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "kl_coef": 0.0})) is None
-    assert cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "replay": {}})) is None
+    assert asyncio.run(cached_warm_start(cfg)) is not None
+    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "kl_coef": 0.0}))) is None
+    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "replay": {}}))) is None
 
 
 def test_replayed_records_are_never_an_earlier_domains_held_out_prompts():

@@ -1,6 +1,6 @@
 """The arena's local parts: its shared base model (the tiny model lightly fine-tuned once on every domain's
-gold demos) and the evaluation of a stage's policy on the local engine. Here, beside the launcher, because they
-run the local backend (the curriculum imports no backend).
+gold demos) and the evaluation of a stage's policy on the local engine: the arena's own use of the local backend
+(the curriculum reaches a backend only through the stage launcher).
 
 The paper's methods all start from one model (Qwen3-8B-Base). On a CPU that model is the tiny one, its
 tokenizer trained on every domain's warm-start text, then fine-tuned in full for a few steps on the gold demo
@@ -27,7 +27,6 @@ from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.records import bind_engine, stage_records
 from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
-from aclarena_slime.local.spec import local_config
 from aclarena_slime.local.stage import prepare_model, tokenizer_texts
 from aclarena_slime.local.tiny_model import TinyShape
 from aclarena_slime.plugin.registry import get_environment
@@ -36,7 +35,6 @@ from aclarena_slime.rollout import Budgets, load_chat_tokens
 MODEL_DIR = "model"  # inside the base's folder: the warm-started model (a Hugging Face folder)
 REPORT = "base.json"
 SERVED = "local"  # the engine's served model name ({local_model} in an env's settings, e.g. retail's user)
-__all__ = ["BaseSettings", "LocalStageConfig", "build_base", "evaluate_policy", "local_config"]
 
 
 @dataclass
@@ -102,7 +100,6 @@ async def _examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[list[SftExa
     try:
         chat = load_chat_tokens(str(model_dir))
         best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
-        end_of_turn = int(chat.tokenizer.convert_tokens_to_ids("<|im_end|>"))
         examples, report = await demo_examples(
             env,
             chat,
@@ -110,7 +107,6 @@ async def _examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[list[SftExa
             load_demo_turns(str(cfg.warm_start_demos)),
             Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
             best,
-            end_of_turn,
         )
     finally:
         await env.aclose()
@@ -127,8 +123,7 @@ async def evaluate_policy(
     from aclarena_slime.evaluation.memo import EvalMemo, folder_digest
     from aclarena_slime.evaluation.runner import SAMPLES_DIR, RunSettings, load_experts, run_suite
     from aclarena_slime.experts import ExpertTable
-    from aclarena_slime.local.engine import LocalEngine
-    from aclarena_slime.local.generation import MultiLoraModel
+    from aclarena_slime.local.engine import open_engine
     from aclarena_slime.local.records import bind_engine
     from aclarena_slime.sglang_client import SGLangClient, new_session
 
@@ -144,7 +139,7 @@ async def evaluate_policy(
             keys[d.name] = kept.key(d, [weights, *routed], seed)
             if kept.restore(keys[d.name], out / SAMPLES_DIR / f"{d.name}.jsonl"):
                 reused.append(d.name)
-    engine = LocalEngine(MultiLoraModel.from_pretrained(model, seed=seed), served_name=SERVED)
+    engine = open_engine(model, seed=seed, served_name=SERVED)
     async with engine.serve() as url, new_session() as session:
         client = SGLangClient(url, session=session)
         if table is not None:
@@ -153,7 +148,7 @@ async def evaluate_policy(
                                             for d in suite.datasets))  # fmt: skip
         settings = RunSettings(out_dir=out, stage=stage, concurrency=64, resume=True, save_tokens=False,
                                base_for_missing_expert=True)  # fmt: skip
-        summary = await run_suite(bound, client, engine.model.tokenizer, settings, table)
+        summary = await run_suite(bound, client, engine.tokenizer, settings, table)
     if kept is not None:
         for name, key in keys.items():
             if name not in reused:

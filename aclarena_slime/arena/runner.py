@@ -2,16 +2,16 @@
 every stage, so their forgetting matrices compare.
 
 An arena file (``recipes/curriculum/arena_local.yaml``) names the stages (a recipe per domain, with its
-sizing and held-out size), the shared base (:mod:`aclarena_slime.launcher.arena_base`), the held-out evaluation
-and the methods (:mod:`.methods`, each a dotted path). For one seed, :func:`run_arena` builds the base (or
+sizing and held-out size), the shared base (:mod:`.base`), the held-out evaluation and the methods
+(:mod:`aclarena_slime.curriculum.methods`, each a dotted path). For one seed, :func:`run_arena` builds the base (or
 reuses it), evaluates it (the base row, for FWT), then writes each method's curriculum file under
 ``<output_dir>/seed_<seed>/<method>/`` and runs it with the ordinary curriculum runner (resume included): the
 files say exactly what each method ran. The methods of a seed share one reuse folder (``stages/``,
-:mod:`.reuse`): a stage two methods have in common (the math oracle and the chains' first stage) runs once. After each
-stage the policy (its model folder, with the MLE experts so far) is served on the local engine and every
-domain's held-out demo prompts are rolled out greedily (:func:`policy_evaluator`; a domain asked of weights
-already evaluated, MLE's frozen backbone or an unchanged expert, is taken from ``eval_memo/``). ``arena.json`` lists the
-manifests; ``aclarena eval matrix --run METHOD=MANIFEST ... --base BASE_SUMMARY`` compares them.
+:mod:`aclarena_slime.curriculum.reuse`): a stage two methods have in common (the math oracle and the chains' first
+stage) runs once. After each stage the policy (its model folder, with the MLE experts so far) is served on the
+local engine and every domain's held-out demo prompts are rolled out greedily (:func:`policy_evaluator`; a domain
+asked of weights already evaluated, MLE's frozen backbone or an unchanged expert, is taken from ``eval_memo/``).
+``arena.json`` lists the manifests; ``aclarena eval matrix --run METHOD=MANIFEST ... --base BASE_SUMMARY`` compares them.
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from aclarena_slime.arena.base import BaseSettings, build_base, evaluate_policy
 from aclarena_slime.curriculum.methods import ArenaStage, MethodError, load_method
 from aclarena_slime.curriculum.runner import Evaluator, run_curriculum
 from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite
 from aclarena_slime.jsonl import write_json_atomic
-from aclarena_slime.launcher.arena_base import BaseSettings, LocalStageConfig, build_base, evaluate_policy, local_config
 from aclarena_slime.launcher.stage import local_profile
+from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 ARENA_FILE = "arena.json"
