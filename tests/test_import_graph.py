@@ -30,10 +30,11 @@ LAYERS: list[set[str]] = [
         "http_service",
         "experts",
         "tis",
+        "kl",
         "sglang_client",
         "adapter_swap",
         "worker_pool",
-    },  # formats, clients (adapter_swap: the one way an engine's adapters change)
+    },  # formats, clients, shared loss math (tis, kl; adapter_swap: the one way an engine's adapters change)
     {"plugin"},  # the env contract, registry and conformance kit
     {"agent_loop", "rollout", "group_rewards", "parity"},  # the one shared rollout; engine vs trainer log-probs
     {"lora", "router", "distill"},

@@ -38,6 +38,8 @@ RECIPE_KEYS = {
     "adam_beta2": "algorithm.adam_beta2",
     "kl_coef": "algorithm.kl_loss_coef (with algorithm.use_kl_loss)",
     "kl_loss_type": "algorithm.kl_loss_type",
+    "advantage_estimator": "algorithm.advantage_estimator",
+    "per_token_loss": "algorithm.extra.calculate_per_token_loss",
     "full_finetune": "lora.enabled (false)",
     "sft_filter": "custom.aclarena_sft_filter",
     "sft_epochs": "algorithm.extra.num_epoch",
@@ -62,7 +64,7 @@ RECIPE_KEYS = {
 # Recipe settings the local backend runs one way only: (key, the values it runs, error?, why). Another value
 # is an error, or with error=False a warning (the stage runs without it).
 UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
-    ("algorithm.advantage_estimator", ("grpo",), True, "the local trainer takes a GRPO step"),
+    ("algorithm.advantage_estimator", ("grpo", "gspo"), True, "the local trainer's losses are GRPO's and GSPO's"),
     ("algorithm.use_tis", (False,), True, "the local engine and trainer share the weights: no mismatch to correct"),
     ("algorithm.entropy_coef", (0.0,), True, "the local trainer has no entropy bonus"),
     ("algorithm.optimizer", ("adam",), True, "the local trainer runs AdamW"),
@@ -110,6 +112,8 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     }
     values.update(kind=recipe.kind, weight_decay=algorithm.weight_decay, adam_beta1=algorithm.adam_beta1,
                   adam_beta2=algorithm.adam_beta2, kl_loss_type=algorithm.kl_loss_type,
+                  advantage_estimator=algorithm.advantage_estimator,
+                  per_token_loss=bool(algorithm.extra.get("calculate_per_token_loss", False)),
                   kl_coef=algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0)  # fmt: skip
     values["steps_per_rollout"] = steps_per_rollout(recipe)
     if algorithm.use_kl_loss and algorithm.kl_loss_coef <= 0:
