@@ -72,6 +72,31 @@ UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
     ("algorithm.lr_warmup_fraction", (None, 0.0), True, "the local trainer has no warm-up"),
     ("data.eval_interval", (None,), False, "the local stage evaluates before and after training only"),
 )
+# The algorithm's and the rollout's settings that slime reads and the local backend needs no counterpart for:
+# the key and why leaving it aside trains the same thing. Every other field of these sections is read
+# (RECIPE_KEYS, UNHONOURED), or refused unless at its default (test_every_algorithm_and_rollout_key_is_classified).
+INERT: dict[str, str] = {
+    "algorithm.name": "a label",
+    "algorithm.min_lr": "the floor of a decaying lr; the local lr is constant (algorithm.lr_decay_style)",
+    "rollout.balance_data": "balances sequence lengths across data-parallel ranks; the local trainer is one process",
+}
+# The free-form flag maps, key by key: ``algorithm.extra`` and the stage's ``extra``. A key maps to the values
+# the local backend runs (None: any) and why; a key not here, set to anything but null, is an error naming it.
+EXTRA_KEYS: dict[str, dict[str, tuple[tuple[Any, ...] | None, str]]] = {
+    "algorithm.extra": {
+        "num_epoch": (None, "read: an SFT stage's epochs over its kept rollouts"),
+        "calculate_per_token_loss": (None, "read: the loss's aggregation (aclarena_slime.local.losses)"),
+        "use_precision_aware_optimizer": (None, "Megatron's optimiser-state precision on the GPU; the same AdamW"),
+        "optimizer_cpu_offload": (None, "where Megatron keeps the optimiser state; the same AdamW"),
+        "overlap_cpu_optimizer_d2h_h2d": (None, "Megatron's optimiser-offload transfers; the same AdamW"),
+        "custom_tis_function_path": (None, "slime calls it only with algorithm.use_tis, which runs off locally"),
+        "loss_type": (("policy_loss", "sft_loss"), "the stage's kind says which loss (an SFT stage: SFT)"),
+        "loss_mask_type": (("qwen3",), "the local SFT masks the assistant's tokens, as a rollout's loss mask does"),
+        "disable_compute_advantages_and_returns": ((True,), "the local SFT stage takes no advantages"),
+        "debug_train_only": ((True,), "the local SFT stage trains on kept teacher rollouts, no GRPO rollout"),
+    },
+    "extra": {},
+}
 
 
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
@@ -86,6 +111,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
             f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
         )
     check_honoured(recipe)
+    check_known(recipe)
     local = dataclasses.asdict(recipe.cluster.local)  # typed and checked when the recipe composed
     algorithm, rollout, data = recipe.algorithm, recipe.rollout, recipe.data
     values: dict[str, Any] = {
@@ -170,6 +196,46 @@ def check_honoured(recipe: StageRecipe) -> None:
         if error:
             raise RecipeError(f"{recipe.name}: {message}")
         warnings.warn(f"{recipe.name}: {message}", stacklevel=3)
+
+
+def check_known(recipe: StageRecipe) -> None:
+    """Refuse, naming it, every key the local backend would leave aside: an algorithm or rollout field neither
+    read (:data:`RECIPE_KEYS`, :data:`UNHONOURED`) nor :data:`INERT` and not at its default, and every key of
+    ``algorithm.extra`` or the stage's ``extra`` outside :data:`EXTRA_KEYS` (null counts as unset)."""
+    for section in ("algorithm", "rollout"):
+        value, default = getattr(recipe, section), type(getattr(recipe, section))()
+        for f in dataclasses.fields(value):
+            key = f"{section}.{f.name}"
+            if f.name == "extra" or key in INERT or key in read_keys():
+                continue
+            if getattr(value, f.name) != getattr(default, f.name, None):
+                raise RecipeError(
+                    f"{recipe.name}: {key}={getattr(value, f.name)!r}: the local backend does not honour it "
+                    f"(set it to {getattr(default, f.name, None)!r}, or run the stage on slime)"
+                )
+    for where, allowed in EXTRA_KEYS.items():
+        flags = recipe.algorithm.extra if where == "algorithm.extra" else recipe.extra
+        for name, value in (flags or {}).items():
+            if value is None:
+                continue
+            values = allowed[name][0] if name in allowed else ()
+            if name not in allowed or (values is not None and value not in values):
+                accepted = "" if name not in allowed else f" (it runs {', '.join(map(repr, values or ()))})"
+                raise RecipeError(
+                    f"{recipe.name}: {where}.{name}={value!r}: the local backend does not honour it{accepted}; "
+                    "drop it (or set it to null) for a local run, or run the stage on slime"
+                )
+    loss_type = recipe.algorithm.extra.get("loss_type")
+    if loss_type is not None and (loss_type == "sft_loss") != (recipe.kind == "sft"):
+        raise RecipeError(f"{recipe.name}: algorithm.extra.loss_type={loss_type!r} on a {recipe.kind!r} stage: "
+                          "the local backend trains an SFT stage's loss on kind sft only")  # fmt: skip
+
+
+def read_keys() -> set[str]:
+    """The algorithm and rollout fields the local backend reads (their names in :data:`RECIPE_KEYS` and
+    :data:`UNHONOURED`)."""
+    named = {key for source in RECIPE_KEYS.values() for key in source.replace("(", " ").replace(")", " ").split()}
+    return named | {key for key, *_ in UNHONOURED}
 
 
 def local_config(recipe: StageRecipe) -> LocalStageConfig:

@@ -14,7 +14,10 @@ REPO = Path(__file__).resolve().parents[2]
 TAU3 = REPO.parent / "shared" / "data" / "tau3-retail"
 _RECIPES = {p.stem: load_recipe(str(p), ["paths.root=/x"]) for p in (REPO / "recipes").glob("*.yaml")}
 # One expert per stage; parallel MLE (lora.experts, several experts in one run) has its own smoke in test_mle_parallel.py.
-RL_RECIPES = sorted(name for name, r in _RECIPES.items() if r.kind == "rl" and not r.lora.experts)
+# Rollout-only runs (extra.debug_rollout_only: nothing trains) are slime's: the local backend refuses them by name.
+RL_RECIPES = sorted(
+    name for name, r in _RECIPES.items() if r.kind == "rl" and not r.lora.experts and not r.extra.get("debug_rollout_only")
+)
 SMALL = [
     "rollout.num_rollout=2",
     "rollout.rollout_batch_size=1",
