@@ -18,24 +18,19 @@ _RECIPES = {p.stem: load_recipe(str(p), ["paths.root=/x"]) for p in (REPO / "rec
 RL_RECIPES = sorted(
     name for name, r in _RECIPES.items() if r.kind == "rl" and not r.lora.experts and not r.extra.get("debug_rollout_only")
 )
-SMALL = [
-    "rollout.num_rollout=2",
-    "rollout.rollout_batch_size=1",
-    "rollout.n_samples_per_prompt=2",
-    "cluster.local.eval_size=1",
-    "++cluster.local.validation_size=0",
-    "rollout.rollout_max_response_len=24",
-    "cluster.local.warm_start_steps=0",
-]  # fmt: skip  (the warm start and the validation prompts have their tests in tests/local)
+# One real local stage per env stays in the fast tier; the other recipes run in the slow one.
+PER_ENV = {"stage1_math", "stage2_search", "stage3_retail", "stage4_if"}
 
 
 def test_the_rl_recipes_are_the_stages_the_experts_and_the_oracles():
     assert {"stage1_math", "stage2_search", "stage3_retail", "stage4_if", "mle_math", "oracle_if"} <= set(RL_RECIPES)
 
 
-@pytest.mark.parametrize("name", RL_RECIPES)
-def test_recipe_runs_two_steps_on_the_local_backend(name: str, tmp_path: Path, capsys):
-    overrides = [f"paths.root={tmp_path}", *SMALL]
+@pytest.mark.parametrize(
+    "name", [n if n in PER_ENV else pytest.param(n, marks=pytest.mark.slow) for n in RL_RECIPES]
+)
+def test_recipe_runs_two_steps_on_the_local_backend(name: str, tmp_path: Path, capsys, test_profile):
+    overrides = [f"paths.root={tmp_path}", *test_profile]
     if "retail" in name:
         if not TAU3.is_dir():
             pytest.skip(f"τ³-Retail data not found at {TAU3}")
