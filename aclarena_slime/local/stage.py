@@ -472,8 +472,6 @@ def warm_start_settings(cfg: LocalStageConfig) -> SftSettings:
         micro_batch_size=cfg.micro_batch_size,
         kl_coef=cfg.kl_coef,
         kl_loss_type=cfg.kl_loss_type,
-        advantage_estimator=cfg.advantage_estimator,
-        per_token_loss=cfg.per_token_loss,
     )
 
 
