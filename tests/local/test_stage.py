@@ -129,6 +129,7 @@ def test_a_missing_model_or_data_file_is_a_clear_error(tmp_path):
         run_stage(small(tmp_path, "learnable", data_path=str(other)))
 
 
+@pytest.mark.slow  # a stage through the CLI in a fresh interpreter: ~13 s on 2 cores
 def test_cli_json_output_is_clean_json(tmp_path):
     """The progress bar goes to stderr: ``--json`` output parses as it is."""
     import json
