@@ -6,7 +6,8 @@ become the local stage's (``RECIPE_KEYS``). ``cluster.local`` holds only what is
 (:class:`~aclarena_slime.recipes.local_section.LocalBackendSettings`: model, threads, engine, concurrency,
 warm start, ...; typed and checked when the recipe composes). A recipe setting the
 local backend cannot run is an error naming the setting, or a warning where running without it is the
-honest choice (``UNHONOURED``); the local profile (``recipes/profile/local.yaml``) sets each of them to
+honest choice (``UNHONOURED``); so is every key it would leave aside (:func:`check_known`: the allow-list
+``INERT`` and ``EXTRA_KEYS``, ``extra`` included); the local profile (``recipes/profile/local.yaml``) sets each of them to
 what the backend runs, so a paper recipe composes cleanly and only an override that asks for more trips
 the check. :func:`local_plan` is what ``--dry-run`` prints.
 """
@@ -74,7 +75,7 @@ UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
 )
 # The algorithm's and the rollout's settings that slime reads and the local backend needs no counterpart for:
 # the key and why leaving it aside trains the same thing. Every other field of these sections is read
-# (RECIPE_KEYS, UNHONOURED), or refused unless at its default (test_every_algorithm_and_rollout_key_is_classified).
+# (RECIPE_KEYS, UNHONOURED), or refused unless at its default (tests/local/test_spec_keys.py holds every field to one).
 INERT: dict[str, str] = {
     "algorithm.name": "a label",
     "algorithm.min_lr": "the floor of a decaying lr; the local lr is constant (algorithm.lr_decay_style)",
