@@ -293,6 +293,8 @@ def local_plan(cfg: LocalStageConfig) -> str:
         f"# local plan: env {cfg.env}, model {cfg.model_source}, seed {cfg.seed}",
         f"# phases: {' -> '.join(phases)}",
         f"# policy: {policy}; AdamW lr {cfg.lr}; {kl}",
+        f"# loss: {cfg.advantage_estimator}, " + ("the token mean" if cfg.per_token_loss else "the per-sample mean")
+        + " (aclarena_slime.local.losses)",
         f"# outputs: {cfg.output_dir}",
     ]
     return "\n".join(lines + ["#   " + line for line in json.dumps(cfg.to_dict(), indent=2, default=str).splitlines()])
