@@ -27,21 +27,41 @@ venv=".venv"
 stamp="$venv/.aclarena-setup"
 want="$(cat pyproject.toml setup.py launch/setup.sh | sha256sum | cut -d' ' -f1)"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
-  exit 0
+ready() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; }
+ready && exit 0
+# One setup at a time (two launch/stage.sh runs on a fresh clone both get here): the lock is this script's own
+# file; the second waits, then finds the first one's .venv ready.
+if command -v flock >/dev/null 2>&1; then
+  exec 9<launch/setup.sh
+  flock 9
 fi
+ready && exit 0
 
-if [ ! -x "$venv/bin/python" ]; then
+install() {  # $1: the virtualenv to install into
+  "$1/bin/python" -m pip install --quiet --upgrade pip
+  # torch pinned. Where a local CPU wheel is served (this project's CPU machines) the pin gets the CPU
+  # build; elsewhere pip takes PyPI's build, which on Linux is the multi-GB CUDA one unless the CPU
+  # index is given (see the top of this file; not hard-coded: a machine that cannot reach it would hang).
+  "$1/bin/python" -m pip install --quiet "torch==2.13.0"
+  # transformers pinned too: it builds the tiny model, and the benchmarks' figures (docs/benchmarks.md) were
+  # measured with this release; the package itself accepts any from 4.51 (pyproject.toml, slime's image).
+  "$1/bin/python" -m pip install --quiet -e ".[dev]" "transformers==5.24.0"
+}
+
+if [ -x "$venv/bin/python" ]; then
+  install "$venv"  # a refresh: the inputs changed
+else
+  # A new .venv is built aside and moved into place whole, so no run ever sees a half-built one.
   echo "[setup] creating $venv with $("$python_bin" --version 2>&1)" >&2
-  "$python_bin" -m venv "$venv"
+  build="$(mktemp -d "$PWD/$venv.building-XXXXXX")"
+  trap 'rm -rf "$build"' EXIT
+  "$python_bin" -m venv "$build" --prompt "$venv"
+  install "$build"
+  # The scripts pip wrote (and activate) name the folder they were built in: name the final one.
+  { grep -rlIZ -- "$build" "$build/bin" "$build/pyvenv.cfg" 2>/dev/null || true; } | xargs -0 -r sed -i "s|$build|$PWD/$venv|g"
+  rm -rf "$venv"  # a broken one (no python): nothing in it is used
+  mv "$build" "$venv"
+  trap - EXIT
 fi
-"$venv/bin/python" -m pip install --quiet --upgrade pip
-# torch pinned. Where a local CPU wheel is served (this project's CPU machines) the pin gets the CPU
-# build; elsewhere pip takes PyPI's build, which on Linux is the multi-GB CUDA one unless the CPU
-# index is given (see the top of this file; not hard-coded: a machine that cannot reach it would hang).
-"$venv/bin/python" -m pip install --quiet "torch==2.13.0"
-# transformers pinned too: it builds the tiny model, and the benchmarks' figures (docs/benchmarks.md) were
-# measured with this release; the package itself accepts any from 4.51 (pyproject.toml, slime's image).
-"$venv/bin/python" -m pip install --quiet -e ".[dev]" "transformers==5.24.0"
 echo "$want" > "$stamp"
 echo "[setup] ready: $venv ($("$venv/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))" >&2

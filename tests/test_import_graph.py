@@ -30,12 +30,13 @@ LAYERS: list[set[str]] = [
         "http_service",
         "experts",
         "tis",
+        "kl",
         "sglang_client",
         "sglang_errors",
         "adapter_swap",
         "worker_pool",
         "dotted",
-    },  # formats, clients (adapter_swap: the one way an engine's adapters change; dotted: the one path loader)
+    },  # formats, clients, shared loss math (tis, kl; adapter_swap: the one way an engine's adapters change; dotted: the one path loader)
     {"plugin"},  # the env contract, registry and conformance kit
     {"agent_loop", "rollout", "group_rewards", "rollout_guard", "parity"},  # the one shared rollout; engine vs trainer log-probs
     {"lora", "router", "distill"},

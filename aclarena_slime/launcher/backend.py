@@ -40,15 +40,23 @@ def choose_backend(requested: str, has_slime: bool | None = None, gpus: int | No
     has_slime = slime_available() if has_slime is None else has_slime
     gpus = gpu_count() if gpus is None else gpus
     missing = [what for what, ok in (("slime (THUDM/slime importable)", has_slime), ("a CUDA GPU", gpus > 0)) if not ok]
-    if requested == "local":
-        return BackendChoice("local", "backend=local requested")
+    if requested == "local":  # the local profile sets it too: say what this machine has, not only what was asked
+        if missing:
+            return BackendChoice("local", _not_here(has_slime, gpus))
+        return BackendChoice("local", f"backend=local requested (slime importable, {gpus} GPU(s) here)")
     if requested == "slime":
         if missing:
             raise BackendUnavailable(f"backend=slime requested but this machine lacks {' and '.join(missing)}")
         return BackendChoice("slime", f"backend=slime requested; slime importable, {gpus} GPU(s)")
     if not missing:
         return BackendChoice("slime", f"slime importable and {gpus} GPU(s) found")
-    return BackendChoice("local", f"this machine lacks {' and '.join(missing)}")
+    return BackendChoice("local", _not_here(has_slime, gpus))
+
+
+def _not_here(has_slime: bool, gpus: int) -> str:
+    """What this machine lacks for slime, as seen: e.g. ``no CUDA GPU here``."""
+    lacks = [what for what, ok in (("slime not importable", has_slime), ("no CUDA GPU", gpus > 0)) if not ok]
+    return f"{', '.join(lacks)} here"
 
 
 class BackendUnavailable(RuntimeError):

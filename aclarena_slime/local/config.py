@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aclarena_slime.kl import KL_TYPES
 from aclarena_slime.lora.config import LoraConfig, LoraConfigError
 from aclarena_slime.plugin.settings import from_mapping
 from aclarena_slime.recipes.local_section import TINY_MODEL, LocalBackendSettings, LocalConfigError  # noqa: F401 - TINY_MODEL: the stage's readers import it from here
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 # imported where a stage's settings are checked, so `aclarena --help` (which reads EngineSettings) stays light.
 
 KINDS = ("rl", "sft")  # GRPO (after an optional warm start), or an SFT warm-start stage
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")  # slime's --kl-loss-type
 
 
 def default_lora() -> LoraConfig:
@@ -81,6 +81,8 @@ class LocalStageConfig(LocalBackendSettings):
     full_finetune: bool = False  # lora.enabled=false: every parameter trains (lora is then unused)
     kl_coef: float = 0.0  # > 0: the KL term to the policy the stage started from (algorithm.use_kl_loss)
     kl_loss_type: str = "low_var_kl"
+    advantage_estimator: str = "grpo"  # grpo: a per-token ratio; gspo: a sequence-level one (local/losses.py)
+    per_token_loss: bool = False  # slime's calculate_per_token_loss; false: the per-sample mean (slime's default)
     weight_decay: float = 0.0  # AdamW's
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999

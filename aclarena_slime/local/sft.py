@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from aclarena_slime.kl import approx_kl
 from aclarena_slime.local.config import KL_TYPES
 
 
@@ -89,25 +90,6 @@ class SftSettings:
             raise SftError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
         if self.kl_loss_type not in KL_TYPES:
             raise SftError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
-
-
-def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_loss_type: str = "low_var_kl") -> torch.Tensor:
-    """Per-token KL estimate of the policy to the reference, as slime's ``compute_approx_kl`` (the GRPO
-    trainer's KL term and the SFT anchor's).
-
-    ``k1``: log r; ``k2``: (log r)^2 / 2; ``k3`` / ``low_var_kl``: exp(-log r) - 1 + log r (Schulman's
-    non-negative estimator), with r = pi / pi_ref; ``low_var_kl`` is clamped to [-10, 10].
-    """
-    log_ratio = log_probs.float() - ref_log_probs.float()
-    if kl_loss_type == "k1":
-        kl = log_ratio
-    elif kl_loss_type == "k2":
-        kl = log_ratio**2 / 2.0
-    elif kl_loss_type in ("k3", "low_var_kl"):
-        kl = (-log_ratio).exp() - 1 + log_ratio
-    else:
-        raise ValueError(f"unknown kl_loss_type {kl_loss_type!r} (one of {', '.join(KL_TYPES)})")
-    return torch.clamp(kl, min=-10, max=10) if kl_loss_type == "low_var_kl" else kl
 
 
 def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, int]:

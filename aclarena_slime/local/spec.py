@@ -6,7 +6,8 @@ become the local stage's (``RECIPE_KEYS``). ``cluster.local`` holds only what is
 (:class:`~aclarena_slime.recipes.local_section.LocalBackendSettings`: model, threads, engine, concurrency,
 warm start, ...; typed and checked when the recipe composes). A recipe setting the
 local backend cannot run is an error naming the setting, or a warning where running without it is the
-honest choice (``UNHONOURED``); the local profile (``recipes/profile/local.yaml``) sets each of them to
+honest choice (``UNHONOURED``); so is every key it would leave aside (:func:`check_known`: the allow-list
+``INERT`` and ``EXTRA_KEYS``, ``extra`` included); the local profile (``recipes/profile/local.yaml``) sets each of them to
 what the backend runs, so a paper recipe composes cleanly and only an override that asks for more trips
 the check. :func:`local_plan` is what ``--dry-run`` prints.
 """
@@ -38,6 +39,8 @@ RECIPE_KEYS = {
     "adam_beta2": "algorithm.adam_beta2",
     "kl_coef": "algorithm.kl_loss_coef (with algorithm.use_kl_loss)",
     "kl_loss_type": "algorithm.kl_loss_type",
+    "advantage_estimator": "algorithm.advantage_estimator",
+    "per_token_loss": "algorithm.extra.calculate_per_token_loss",
     "full_finetune": "lora.enabled (false)",
     "sft_filter": "custom.aclarena_sft_filter",
     "sft_epochs": "algorithm.extra.num_epoch",
@@ -62,7 +65,7 @@ RECIPE_KEYS = {
 # Recipe settings the local backend runs one way only: (key, the values it runs, error?, why). Another value
 # is an error, or with error=False a warning (the stage runs without it).
 UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
-    ("algorithm.advantage_estimator", ("grpo",), True, "the local trainer takes a GRPO step"),
+    ("algorithm.advantage_estimator", ("grpo", "gspo"), True, "the local trainer's losses are GRPO's and GSPO's"),
     ("algorithm.use_tis", (False,), True, "the local engine and trainer share the weights: no mismatch to correct"),
     ("algorithm.entropy_coef", (0.0,), True, "the local trainer has no entropy bonus"),
     ("algorithm.optimizer", ("adam",), True, "the local trainer runs AdamW"),
@@ -70,6 +73,31 @@ UNHONOURED: tuple[tuple[str, tuple[Any, ...], bool, str], ...] = (
     ("algorithm.lr_warmup_fraction", (None, 0.0), True, "the local trainer has no warm-up"),
     ("data.eval_interval", (None,), False, "the local stage evaluates before and after training only"),
 )
+# The algorithm's and the rollout's settings that slime reads and the local backend needs no counterpart for:
+# the key and why leaving it aside trains the same thing. Every other field of these sections is read
+# (RECIPE_KEYS, UNHONOURED), or refused unless at its default (tests/local/test_spec_keys.py holds every field to one).
+INERT: dict[str, str] = {
+    "algorithm.name": "a label",
+    "algorithm.min_lr": "the floor of a decaying lr; the local lr is constant (algorithm.lr_decay_style)",
+    "rollout.balance_data": "balances sequence lengths across data-parallel ranks; the local trainer is one process",
+}
+# The free-form flag maps, key by key: ``algorithm.extra`` and the stage's ``extra``. A key maps to the values
+# the local backend runs (None: any) and why; a key not here, set to anything but null, is an error naming it.
+EXTRA_KEYS: dict[str, dict[str, tuple[tuple[Any, ...] | None, str]]] = {
+    "algorithm.extra": {
+        "num_epoch": (None, "read: an SFT stage's epochs over its kept rollouts"),
+        "calculate_per_token_loss": (None, "read: the loss's aggregation (aclarena_slime.local.losses)"),
+        "use_precision_aware_optimizer": (None, "Megatron's optimiser-state precision on the GPU; the same AdamW"),
+        "optimizer_cpu_offload": (None, "where Megatron keeps the optimiser state; the same AdamW"),
+        "overlap_cpu_optimizer_d2h_h2d": (None, "Megatron's optimiser-offload transfers; the same AdamW"),
+        "custom_tis_function_path": (None, "slime calls it only with algorithm.use_tis, which runs off locally"),
+        "loss_type": (("policy_loss", "sft_loss"), "the stage's kind says which loss (an SFT stage: SFT)"),
+        "loss_mask_type": (("qwen3",), "the local SFT masks the assistant's tokens, as a rollout's loss mask does"),
+        "disable_compute_advantages_and_returns": ((True,), "the local SFT stage takes no advantages"),
+        "debug_train_only": ((True,), "the local SFT stage trains on kept teacher rollouts, no GRPO rollout"),
+    },
+    "extra": {},
+}
 
 
 def local_settings(recipe: StageRecipe) -> dict[str, Any]:
@@ -84,6 +112,7 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
             f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
         )
     check_honoured(recipe)
+    check_known(recipe)
     local = dataclasses.asdict(recipe.cluster.local)  # typed and checked when the recipe composed
     algorithm, rollout, data = recipe.algorithm, recipe.rollout, recipe.data
     values: dict[str, Any] = {
@@ -110,6 +139,8 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     }
     values.update(kind=recipe.kind, weight_decay=algorithm.weight_decay, adam_beta1=algorithm.adam_beta1,
                   adam_beta2=algorithm.adam_beta2, kl_loss_type=algorithm.kl_loss_type,
+                  advantage_estimator=algorithm.advantage_estimator,
+                  per_token_loss=bool(algorithm.extra.get("calculate_per_token_loss", False)),
                   kl_coef=algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0)  # fmt: skip
     values["steps_per_rollout"] = steps_per_rollout(recipe)
     if algorithm.use_kl_loss and algorithm.kl_loss_coef <= 0:
@@ -168,6 +199,46 @@ def check_honoured(recipe: StageRecipe) -> None:
         warnings.warn(f"{recipe.name}: {message}", stacklevel=3)
 
 
+def check_known(recipe: StageRecipe) -> None:
+    """Refuse, naming it, every key the local backend would leave aside: an algorithm or rollout field neither
+    read (:data:`RECIPE_KEYS`, :data:`UNHONOURED`) nor :data:`INERT` and not at its default, and every key of
+    ``algorithm.extra`` or the stage's ``extra`` outside :data:`EXTRA_KEYS` (null counts as unset)."""
+    for section in ("algorithm", "rollout"):
+        value, default = getattr(recipe, section), type(getattr(recipe, section))()
+        for f in dataclasses.fields(value):
+            key = f"{section}.{f.name}"
+            if f.name == "extra" or key in INERT or key in read_keys():
+                continue
+            if getattr(value, f.name) != getattr(default, f.name, None):
+                raise RecipeError(
+                    f"{recipe.name}: {key}={getattr(value, f.name)!r}: the local backend does not honour it "
+                    f"(set it to {getattr(default, f.name, None)!r}, or run the stage on slime)"
+                )
+    for where, allowed in EXTRA_KEYS.items():
+        flags = recipe.algorithm.extra if where == "algorithm.extra" else recipe.extra
+        for name, value in (flags or {}).items():
+            if value is None:
+                continue
+            values = allowed[name][0] if name in allowed else ()
+            if name not in allowed or (values is not None and value not in values):
+                accepted = "" if name not in allowed else f" (it runs {', '.join(map(repr, values or ()))})"
+                raise RecipeError(
+                    f"{recipe.name}: {where}.{name}={value!r}: the local backend does not honour it{accepted}; "
+                    "drop it (or set it to null) for a local run, or run the stage on slime"
+                )
+    loss_type = recipe.algorithm.extra.get("loss_type")
+    if loss_type is not None and (loss_type == "sft_loss") != (recipe.kind == "sft"):
+        raise RecipeError(f"{recipe.name}: algorithm.extra.loss_type={loss_type!r} on a {recipe.kind!r} stage: "
+                          "the local backend trains an SFT stage's loss on kind sft only")  # fmt: skip
+
+
+def read_keys() -> set[str]:
+    """The algorithm and rollout fields the local backend reads (their names in :data:`RECIPE_KEYS` and
+    :data:`UNHONOURED`)."""
+    named = {key for source in RECIPE_KEYS.values() for key in source.replace("(", " ").replace(")", " ").split()}
+    return named | {key for key, *_ in UNHONOURED}
+
+
 def local_config(recipe: StageRecipe) -> LocalStageConfig:
     """The recipe as the local stage's settings; a setting that cannot work is a :class:`RecipeError`."""
     try:
@@ -222,6 +293,8 @@ def local_plan(cfg: LocalStageConfig) -> str:
         f"# local plan: env {cfg.env}, model {cfg.model_source}, seed {cfg.seed}",
         f"# phases: {' -> '.join(phases)}",
         f"# policy: {policy}; AdamW lr {cfg.lr}; {kl}",
+        f"# loss: {cfg.advantage_estimator}, " + ("the token mean" if cfg.per_token_loss else "the per-sample mean")
+        + " (aclarena_slime.local.losses)",
         f"# outputs: {cfg.output_dir}",
     ]
     return "\n".join(lines + ["#   " + line for line in json.dumps(cfg.to_dict(), indent=2, default=str).splitlines()])

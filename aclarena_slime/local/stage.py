@@ -163,6 +163,8 @@ def train_settings(cfg: LocalStageConfig) -> TrainSettings:
         adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
         kl_coef=cfg.kl_coef,
         kl_loss_type=cfg.kl_loss_type,
+        advantage_estimator=cfg.advantage_estimator,
+        per_token_loss=cfg.per_token_loss,
     )
 
 

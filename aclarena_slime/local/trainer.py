@@ -1,21 +1,16 @@
-"""The local policy-gradient step: GRPO advantages, PPO-clipped loss, optional KL term; LoRA or full fine-tuning.
+"""The local policy-gradient step: the recipe's loss (:mod:`.losses`) on the step's rollouts; LoRA or full fine-tuning.
 
 The trainer holds its own copy of the model (as slime's Megatron actor does, apart from SGLang): a
 trainable PEFT adapter on the frozen backbone (the adapter is exported as a PEFT directory and the engine
 reloads it, unload + load, the same sync as on the real backend), or with ``lora.enabled=false`` every
 parameter (the engine's weights are updated in place after each step).
 
-Loss, per response token ``t`` with loss mask 1 (observation tokens have mask 0 and count nowhere)::
-
-    ratio_t = exp(logp_new_t - logp_rollout_t)
-    loss_t  = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A) + kl_coef * KL_t
-
-averaged over all loss-mask tokens of the step (DAPO's token-level mean). ``A`` is the sample's
-group-normalised reward (GRPO, :mod:`aclarena_slime.group_rewards`: slime's normalisation, n-1 std).
-``KL_t`` is slime's estimator (``low_var_kl`` by default) of the policy against the reference, the policy
-the stage started from; it is there only with ``kl_coef`` > 0 (``algorithm.use_kl_loss``).
-``logp_rollout`` are the engine's log-probs, so the first pass of a step must reproduce them:
-``logprob_mismatch`` in the metrics says how closely it does.
+The loss is slime's, by the recipe's names (:mod:`aclarena_slime.local.losses`): the PPO clip on a per-token
+(``grpo``) or sequence-level (``gspo``) ratio, an optional KL term to the reference (the policy the stage
+started from; ``kl_coef`` > 0, ``algorithm.use_kl_loss``), aggregated per sample by default or per token with
+``calculate_per_token_loss``. Observation tokens have loss mask 0 and count nowhere. The old log-probs are the
+engine's, so the first pass of a step must reproduce them: ``logprob_mismatch`` in the metrics says how
+closely it does.
 """
 
 from __future__ import annotations
@@ -26,15 +21,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from aclarena_slime.group_rewards import GroupNormalization, normalized_rewards
-from aclarena_slime.local.config import KL_TYPES
+from aclarena_slime.kl import approx_kl
 from aclarena_slime.local.generation import token_log_probs
-from aclarena_slime.local.sft import SftExample, approx_kl, frozen_copy, sft_step
+from aclarena_slime.local.losses import LossSettings, advantages, denominator, policy_loss
+from aclarena_slime.local.sft import SftExample, frozen_copy, sft_step
 from aclarena_slime.lora.config import LoraConfig
 
 
@@ -52,10 +46,10 @@ class TrainSample:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """The optimiser and the loss: AdamW (lr, betas, weight decay), the PPO clip range and the KL term.
+    """The optimiser and the loss: AdamW (lr, betas, weight decay), and the loss's settings (:attr:`loss`).
 
-    ``kl_coef`` > 0 adds ``kl_coef`` times the token-mean KL to the reference policy (the policy the stage
-    started from), estimated as slime's ``kl_loss_type`` does (:func:`approx_kl`).
+    ``kl_coef`` > 0 adds ``kl_coef`` times the KL to the reference policy (the policy the stage started from),
+    estimated as slime's ``kl_loss_type`` does (:func:`approx_kl`), aggregated as the policy loss is.
     """
 
     lr: float = 1e-3
@@ -70,38 +64,25 @@ class TrainSettings:
     adam_betas: tuple[float, float] = (0.9, 0.999)
     kl_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
+    advantage_estimator: str = "grpo"
+    per_token_loss: bool = False  # slime's calculate_per_token_loss; else the per-sample mean
 
     def __post_init__(self) -> None:
-        if self.kl_loss_type not in KL_TYPES:
-            raise ValueError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+        _ = self.loss  # checks the loss's settings
         if self.minibatches < 1:
             raise ValueError(f"minibatches must be >= 1, got {self.minibatches!r}")
 
-
-def grpo_advantages(rewards: Sequence[float], groups: Sequence[int]) -> list[float]:
-    """Each reward minus its group's mean, over the group's n-1 standard deviation (0 for a uniform group):
-    :func:`aclarena_slime.group_rewards.normalized_rewards`, slime's own normalisation."""
-    samples = [SimpleNamespace(group_index=g, remove_sample=False) for g in groups]
-    return normalized_rewards(samples, [float(r) for r in rewards], GroupNormalization("grpo"))
-
-
-def ppo_clipped_loss(
-    new_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of per-token clipped losses over ``mask`` and the number of clipped tokens (all shapes [B, T])."""
-    ratio = torch.exp(new_log_probs - old_log_probs)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    was_clipped = (clipped < unclipped).float()
-    return (per_token * mask).sum(), (was_clipped * mask).sum()
+    @property
+    def loss(self) -> LossSettings:
+        """The loss by the recipe's names (:mod:`aclarena_slime.local.losses`)."""
+        return LossSettings(
+            estimator=self.advantage_estimator,
+            per_token=self.per_token_loss,
+            clip_low=self.clip_eps_low,
+            clip_high=self.clip_eps_high,
+            kl_coef=self.kl_coef,
+            kl_loss_type=self.kl_loss_type,
+        )
 
 
 def advantage_figures(advantages: Sequence[float], groups: Sequence[int]) -> dict[str, float]:
@@ -221,9 +202,9 @@ class PolicyTrainer:
         taken).
         """
         usable = [s for s in samples if s.response_length > 0 and sum(s.loss_mask) > 0]
-        advantages = grpo_advantages([s.reward for s in usable], [s.group for s in usable])
+        adv_all = advantages(self.settings.advantage_estimator, [s.reward for s in usable], [s.group for s in usable])
         out = {"samples": float(len(usable)), "loss_tokens": float(_tokens(usable)), "loss": 0.0, "clip_frac": 0.0}
-        out.update(advantage_figures(advantages, [s.group for s in usable]))
+        out.update(advantage_figures(adv_all, [s.group for s in usable]))
         out["updates"] = 0.0
         if not usable:
             out["skipped"] = 1.0
@@ -231,7 +212,7 @@ class PolicyTrainer:
         parts = contiguous_parts(len(usable), self.settings.minibatches)
         for epoch in range(self.settings.updates_per_step):
             for part, (start, end) in enumerate(parts):
-                batch, adv = usable[start:end], advantages[start:end]
+                batch, adv = usable[start:end], adv_all[start:end]
                 first = epoch == 0 and part == 0
                 if not self.settings.kl_coef and not any(abs(a) > 1e-8 for a in adv):  # one reward per group
                     if first:
@@ -248,9 +229,12 @@ class PolicyTrainer:
         return out
 
     def _update(self, batch: Sequence[TrainSample], advantages: Sequence[float], measure: bool) -> dict[str, float]:
-        """One optimiser step on the token mean of ``batch``'s loss; with ``measure``, the pass's figures before
-        the update (log-prob mismatch, entropy, KL to the start) and the grad norm too."""
+        """One optimiser step on ``batch``'s loss, aggregated as the recipe says (:mod:`.losses`: per sample or
+        per token); with ``measure``, the pass's figures before the update (log-prob mismatch, entropy, KL to the
+        start, token means) and the grad norm too."""
+        loss_settings = self.settings.loss
         n_tokens = _tokens(batch)
+        per_step = denominator([s.loss_mask for s in batch], loss_settings.per_token)
         size = self.settings.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = clipped_sum = kl_sum = 0.0
@@ -258,29 +242,25 @@ class PolicyTrainer:
         for start in range(0, len(batch), size):
             micro, adv = batch[start : start + size], advantages[start : start + size]
             new_lp, old_lp, mask, adv_t, entropy = self._batch_log_probs(micro, adv)
-            loss, clipped = ppo_clipped_loss(
-                new_lp, old_lp, adv_t, mask, self.settings.clip_eps_low, self.settings.clip_eps_high
-            )
-            if self.settings.kl_coef or measure:
+            ref_lp = None
+            if loss_settings.kl_coef or measure:
                 with torch.no_grad():
                     ref_lp = self._batch_log_probs(micro, adv, self.reference)[0]
-            if self.settings.kl_coef:
-                kl = (approx_kl(new_lp, ref_lp, self.settings.kl_loss_type) * mask).sum()
-                loss = loss + self.settings.kl_coef * kl
-                kl_sum += float(kl.detach())
-            (loss / n_tokens).backward()  # micro-batches add up to the token mean of the optimiser step
-            loss_sum += float(loss.detach())
-            clipped_sum += float(clipped)
+            terms = policy_loss(new_lp, old_lp, adv_t, mask, loss_settings, ref_lp)
+            (terms.loss / per_step).backward()  # micro-batches add up to the optimiser step's loss
+            loss_sum += float(terms.loss.detach())
+            clipped_sum += float(terms.clipped)
+            kl_sum += float(terms.kl.detach())
             if measure:
                 for key, value in _pass_sums(new_lp.detach(), old_lp, ref_lp, entropy, mask).items():
                     before[key] += value
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
         self.optimizer.step()
-        out = {"loss": loss_sum / n_tokens, "clip_frac": clipped_sum / n_tokens}
+        out = {"loss": loss_sum / per_step, "clip_frac": clipped_sum / per_step}
         if measure:
             out.update({key: value / n_tokens for key, value in before.items()}, grad_norm=float(grad_norm))
-        if self.settings.kl_coef:
-            out["kl"] = kl_sum / n_tokens
+        if loss_settings.kl_coef:
+            out["kl"] = kl_sum / per_step
         return out
 
     def sft_step(self, examples: Sequence[SftExample]) -> dict[str, float]:

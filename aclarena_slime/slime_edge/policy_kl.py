@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aclarena_slime.distill.mopd import Teacher, score_response
+from aclarena_slime.kl import approx_kl
 from aclarena_slime.sglang_client import SGLangClient
 
 CONCURRENCY = 32  # scoring requests in flight: prefill only, a small share of the engine next to the eval itself
@@ -58,17 +59,18 @@ def sampled_kl(
 ) -> float:
     """Mean k3 estimate of KL(current ‖ start) per loss-mask token, from both policies' log-probs of the
     tokens the current policy sampled; NaN with no token to count."""
+    import torch
+
     total, tokens = 0.0, 0
     for i, (cur, ref, mask) in enumerate(zip(current, start, masks, strict=True)):
         if not len(cur) == len(ref) == len(mask):
             raise ValueError(
                 f"sample {i}: {len(cur)} current, {len(ref)} starting log-probs and {len(mask)} mask values"
             )
-        for c, s, keep in zip(cur, ref, mask, strict=True):
-            if keep:
-                delta = float(s) - float(c)
-                total += math.expm1(delta) - delta
-                tokens += 1
+        keep = torch.tensor([float(m) for m in mask], dtype=torch.float64)
+        kl = approx_kl(torch.tensor(cur, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64), "k3")
+        total += float((kl * keep).sum())
+        tokens += int(keep.count_nonzero())
     return total / tokens if tokens else math.nan
 
 

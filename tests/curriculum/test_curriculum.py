@@ -255,31 +255,37 @@ def test_shipped_curricula_compose_every_stage(path: Path, tmp_path: Path):
             assert recipe.name == entry.name
 
 
-@pytest.mark.slow
-def test_local_smoke_curriculum_runs_for_real_and_resumes(tmp_path: Path):
-    """The authors' chain with its SFT warm starts on the local backend (tiny model, real rollout functions),
-    then a no-op resume."""
-    from aclarena_slime.curriculum.runner import default_stage_runner
+SMOKE_STAGES = ["smoke_math", "smoke_search_sft", "smoke_search", "smoke_retail_sft", "smoke_retail", "smoke_if"]
 
-    tau3 = RECIPES.parents[1] / "shared" / "data" / "tau3-retail"
-    if not tau3.is_dir():
-        pytest.skip(f"τ³-Retail data not found at {tau3}")
+
+def _run_local_smoke(out: Path, first: int, extra: list[str]) -> tuple[Path, list[str], list[dict]]:
+    """The local smoke curriculum's first ``first`` stages, for real (tiny model, real rollout functions); the
+    curriculum's path, settings and manifest stages."""
     path = RECIPES / "curriculum" / "local_smoke.yaml"
-    out = tmp_path / "smoke"
-    smoke = yaml.safe_load(path.read_text())["overrides"]  # the curriculum's own (small batches), plus the data
-    settings = [f"output_dir={out}", f"overrides=[{','.join([*smoke, f'++env_config.retail.data_dir={tau3}'])}]"]
+    data = yaml.safe_load(path.read_text())
+    smoke = data["overrides"]  # the curriculum's own (small batches), plus the test's
+    stages = json.dumps(data["stages"][:first]).replace("../", f"{RECIPES}/")
+    settings = [f"output_dir={out}", f"overrides=[{','.join([*smoke, *extra])}]", f"stages={stages}"]
     run_curriculum(path, settings)
-    data = json.loads((out / MANIFEST_NAME).read_text())
-    stages = data["stages"]
-    assert [s["name"] for s in stages] == [
-        "smoke_math", "smoke_search_sft", "smoke_search", "smoke_retail_sft", "smoke_retail", "smoke_if",
-    ]  # fmt: skip
+    stages = json.loads((out / MANIFEST_NAME).read_text())["stages"]
+    assert [s["name"] for s in stages] == SMOKE_STAGES[:first]
     assert all(s["backend"] == "local" and s["status"] == DONE for s in stages)
     for before, after in zip(stages, stages[1:], strict=False):  # each stage starts from the one before
         assert after["loaded"] == before["adapter"] and Path(after["adapter"], "adapter_config.json").exists()
-    for warm in (stages[1], stages[3]):  # the warm starts ran SFT on filtered teacher rollouts
-        metrics = json.loads(Path(warm["adapter"]).with_name("metrics.json").read_text())
-        assert metrics["kind"] == "sft" and metrics["kept"] >= 1 and metrics["steps"]
+    return path, settings, stages
+
+
+@pytest.mark.slow
+def test_local_smoke_curriculum_keeps_its_lineage_warm_starts_and_resumes(tmp_path: Path):
+    """The authors' chain's first three stages on the local backend: math, search's SFT warm start on filtered
+    teacher rollouts, search; each stage starts from the one before; every domain is evaluated after each; a
+    rerun resumes as a no-op."""
+    from aclarena_slime.curriculum.runner import default_stage_runner
+
+    out = tmp_path / "smoke"
+    path, settings, stages = _run_local_smoke(out, 3, [])
+    metrics = json.loads(Path(stages[1]["adapter"]).with_name("metrics.json").read_text())
+    assert metrics["kind"] == "sft" and metrics["kept"] >= 1 and metrics["steps"]
     assert json.loads((out / "experts.json").read_text())["experts"]["math"]["path"] == "runs/smoke_math/local/adapter"
     # every domain evaluated after every stage, through the math expert: the forgetting matrix's input
     for stage in stages:
@@ -290,6 +296,17 @@ def test_local_smoke_curriculum_runs_for_real_and_resumes(tmp_path: Path):
     calls = []
     run_curriculum(path, settings, runner=lambda r: calls.append(r) or default_stage_runner(r))
     assert calls == []
+
+
+@pytest.mark.chain
+def test_local_smoke_curriculum_runs_the_whole_chain_through_retail(tmp_path: Path):
+    """The whole chain, τ³-Retail's SFT warm start and RL stage and IFEval after it, for real."""
+    tau3 = RECIPES.parents[1] / "shared" / "data" / "tau3-retail"
+    if not tau3.is_dir():
+        pytest.skip(f"τ³-Retail data not found at {tau3}")
+    _, _, stages = _run_local_smoke(tmp_path / "smoke", len(SMOKE_STAGES), [f"++env_config.retail.data_dir={tau3}"])
+    metrics = json.loads(Path(stages[3]["adapter"]).with_name("metrics.json").read_text())
+    assert metrics["kind"] == "sft" and metrics["kept"] >= 1 and metrics["steps"]
 
 
 def test_a_crashed_lora_stage_resumes_its_adapter_checkpoint(tmp_path: Path):

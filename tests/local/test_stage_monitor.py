@@ -34,7 +34,7 @@ def stage(tmp_path, lr: float, **monitor) -> LocalStageConfig:
     # The settings of test_reward_rises_on_the_learnable_env: the digit share rises by > 30 points.
     return LocalStageConfig(
         env="learnable", output_dir=str(tmp_path / "stage"), steps=8, prompts_per_step=4, samples_per_prompt=8,
-        max_response_len=8, eval_size=0, lr=lr, torch_threads=1, progress=False,
+        max_response_len=8, eval_size=0, lr=lr, torch_threads=1, progress=False, per_token_loss=True,
         lora={"rank": 8, "target_modules": ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj", "lm_head"]},
         monitor={"enabled": True, "domains": ["nodigits"], "interval": 2, "demo_size": 8, "max_response_len": 8,
                  "max_drop": 10.0, **monitor},

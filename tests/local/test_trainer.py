@@ -1,4 +1,5 @@
-"""The trainer's pieces: GRPO advantages, the clipped loss, the export, and one real step."""
+"""The trainer's pieces: GRPO advantages, the clipped loss, the export, and one real step (the loss's equality
+with slime's: tests/local/test_losses.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,22 @@ import math
 import pytest
 import torch
 
-from aclarena_slime.local.trainer import (
-    PolicyTrainer,
-    TrainSample,
-    TrainSettings,
-    approx_kl,
-    grpo_advantages,
-    ppo_clipped_loss,
-)
+from aclarena_slime.kl import approx_kl
+from aclarena_slime.local.losses import LossSettings, policy_loss
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.lora.config import LoraConfig
+
+
+def grpo_advantages(rewards, groups):
+    from aclarena_slime.local.losses import advantages
+
+    return advantages("grpo", rewards, groups)
+
+
+def ppo_clipped_loss(new, old, adv, mask, clip_low, clip_high):
+    """The per-token PPO clip, summed over the mask (the token aggregation), and the clipped tokens."""
+    terms = policy_loss(new, old, adv, mask, LossSettings(per_token=True, clip_low=clip_low, clip_high=clip_high))
+    return terms.loss, terms.clipped
 
 
 def test_grpo_advantages_are_normalised_per_group():
@@ -98,6 +106,19 @@ def test_a_step_raises_the_rewarded_response_and_reproduces_rollout_log_probs(tr
     after = sequence_log_prob(trainer, prompt, good) - sequence_log_prob(trainer, prompt, bad)
     assert after > before + 0.1
     assert all(torch.equal(p, frozen_before[n]) for n, p in trainer.model.named_parameters() if not p.requires_grad)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_a_step_aggregates_its_loss_as_the_recipe_says(tiny_model_dir, per_token):
+    """slime's default is the per-sample mean (each sample's token mean, averaged over the samples):
+    on-policy (ratio 1) a group's loss is then minus its mean advantage, 0; the token mean (slime's
+    calculate_per_token_loss) weighs the longer samples more, here the rewarded 3-token one."""
+    settings = TrainSettings(lr=5e-2, micro_batch_size=1, per_token_loss=per_token)
+    trainer = PolicyTrainer.build(tiny_model_dir, settings, lora(), seed=0)
+    samples = [rollout(trainer, [5, 6, 7], [40, 41, 42], 1.0, 0), rollout(trainer, [5, 6, 7], [90], 0.0, 0)]
+    stats = trainer.step(samples)
+    a = 1 / 2**0.5  # the group's advantages: +-(0.5 / n-1 std 0.707)
+    assert stats["loss"] == pytest.approx(-(3 * a - a) / 4 if per_token else 0.0, abs=1e-5)
 
 
 def test_uniform_groups_skip_the_update(trainer):

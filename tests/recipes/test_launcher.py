@@ -28,6 +28,11 @@ def test_backend_choice_says_why():
     assert local.name == "local" and "slime" in local.reason and "GPU" in local.reason
     assert "GPU" in choose_backend("auto", has_slime=True, gpus=0).reason
     assert choose_backend("local", has_slime=True, gpus=8).name == "local"
+    # backend=local also comes from the local profile: the reason says what the machine has, not "requested"
+    assert choose_backend("local", has_slime=True, gpus=0).reason == "no CUDA GPU here"
+    assert choose_backend("local", has_slime=False, gpus=0).reason == "slime not importable, no CUDA GPU here"
+    assert choose_backend("auto", has_slime=False, gpus=0).reason == "slime not importable, no CUDA GPU here"
+    assert choose_backend("local", has_slime=True, gpus=8).reason.startswith("backend=local requested")
     with pytest.raises(BackendUnavailable, match="lacks a CUDA GPU"):
         choose_backend("slime", has_slime=True, gpus=0)
 
@@ -62,7 +67,7 @@ def test_unknown_key_fails_on_the_command_line(tmp_path: Path, capsys):
 def test_backend_shorthand_selects_local(tmp_path: Path, capsys):
     assert main([str(REPO / "recipes/stage1_math.yaml"), "--dry-run", f"paths.root={tmp_path}", "backend=local"]) == 0
     captured = capsys.readouterr()
-    assert "backend: local (backend=local requested)" in captured.err
+    assert f"backend: local ({choose_backend('local').reason})" in captured.err
     assert "# local plan: env math" in captured.out and "ray job submit" not in captured.out
 
 

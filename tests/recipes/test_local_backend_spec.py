@@ -87,7 +87,7 @@ def test_the_local_profile_names_no_env_tag():
     ("override", "named"),
     [
         ("algorithm.use_tis=true", "algorithm.use_tis"),
-        ("algorithm.advantage_estimator=gspo", "algorithm.advantage_estimator"),
+        ("algorithm.advantage_estimator=ppo", "algorithm.advantage_estimator"),
         ("algorithm.lr_decay_style=cosine", "algorithm.lr_decay_style"),
         ("algorithm.use_kl_loss=true algorithm.kl_loss_coef=0", "algorithm.kl_loss_coef"),
         ("rollout.dynamic_sampling_filter_path=my_pkg.filters.keep_long", "rollout.dynamic_sampling_filter_path"),

@@ -3,11 +3,16 @@
 Runs where slime (with SGLang's package and sglang-router) is importable; CI, without slime, skips it.
 Asserts on the samples slime itself dumped (``--save-debug-rollout-data``), not on our own figures.
 Each run takes a few minutes on two cores: a Ray head, slime's router, rollouts on the tiny model.
+slime's argument parser needs Megatron-LM: at slime's image path (``paths.megatron``'s default), importable, or a
+checkout named by the environment variable ``ACLARENA_MEGATRON`` (passed as ``paths.megatron``); without any of
+them the smoke tests skip, saying so.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +25,35 @@ from aclarena_slime.launcher.smoke_report import read_dumps, sample_problems
 pytestmark = pytest.mark.slime
 
 REPO = Path(__file__).resolve().parents[2]
+MEGATRON_VAR = "ACLARENA_MEGATRON"  # a Megatron-LM checkout, where slime's image path has none
+
+
+def megatron_overrides() -> list[str]:
+    """``paths.megatron`` from ``ACLARENA_MEGATRON``; none where slime's image path or the interpreter has
+    Megatron-LM; otherwise the test skips, naming the variable."""
+    from aclarena_slime.recipes.schema import PathsConfig
+
+    if os.environ.get(MEGATRON_VAR):
+        return [f"paths.megatron={os.environ[MEGATRON_VAR]}"]
+    image = Path(PathsConfig().megatron)
+    try:
+        importable = importlib.util.find_spec("megatron.training") is not None
+    except (ImportError, ValueError):
+        importable = False
+    if not importable and not (image / "megatron" / "training").is_dir():
+        pytest.skip(
+            f"slime's argument parser needs Megatron-LM, not at slime's image path {image} nor importable here: "
+            f"set {MEGATRON_VAR}=MEGATRON_LM_CHECKOUT"
+        )
+    return []
 
 
 def run_smoke(recipe: str, out: Path) -> tuple[subprocess.CompletedProcess, dict]:
     if smoke.missing_slime():
         pytest.skip(smoke.missing_slime())
     done = subprocess.run(
-        [sys.executable, "-m", "aclarena_slime.launcher.smoke", recipe, "--smoke", "--smoke-dir", str(out)],
+        [sys.executable, "-m", "aclarena_slime.launcher.smoke", recipe, *megatron_overrides(), "--smoke",
+         "--smoke-dir", str(out)],
         cwd=REPO, capture_output=True, text=True, check=False, timeout=3000,
     )  # fmt: skip
     report_path = out / "report.json"
