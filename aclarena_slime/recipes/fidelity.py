@@ -85,9 +85,9 @@ def run_rows(data: Mapping[str, Any], run: str) -> list[dict[str, Any]]:
 
 def suite_datasets(suite_file: str) -> dict[str, Any]:
     """The datasets of an eval suite under recipes/, by name (services left unset)."""
-    from aclarena_slime.evaluation import load_suite
+    from aclarena_slime.recipes.compiler import load_stage_suite
 
-    return {d.name: d for d in load_suite(REPO_ROOT / "recipes" / suite_file).datasets}
+    return {d.name: d for d in load_stage_suite(REPO_ROOT / "recipes" / suite_file).datasets}
 
 
 def suite_value(key: str, datasets: Mapping[str, Any]) -> Any:
