@@ -182,6 +182,7 @@ async def test_retail_eval_requests_equal_training_turn_by_turn(tmp_path, tiny_t
         {"data_dir": str(data_dir), "user": {"model": "user_sim"}}, user=customer,
     )  # fmt: skip
     assert all(r["sampling_params"]["stop_token_ids"] == [151645] for r in training)
+    assert all(r["sampling_params"]["stop"] == ["</tool_call>"] for r in training)  # one call a turn
     assert {r["sampling_params"]["max_new_tokens"] for r in training} == {2048}
     assert listed == {"temperature": (1.0, 0.7), "top_p": (1.0, 1.0)}
 
