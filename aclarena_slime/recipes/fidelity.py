@@ -21,7 +21,8 @@ a flag not passed is ``null``), ``custom.a.b`` (the custom config slime sets on 
 is on, else ``null``; a LoRA stage's ``--use-tis`` that only carries the parity check reads as off), ``recipe.a.b`` (the composed recipe), ``eval.DATASET.key`` (a dataset of the
 compiled ``--eval-config``), ``code.module:NAME`` (a constant of our code, for behaviour no setting
 holds: a prompt text). A run with ``suite:`` instead of ``recipe:`` is an evaluation suite; its keys are
-``suite.DATASET.field`` (``suite.aime26.env_config.prompt``).
+``suite.DATASET.field`` (``suite.aime26.env_config.prompt``). ``curriculum.NAME.STAGE.a.b`` reads a stage's
+setting in ``recipes/curriculum/NAME.yaml`` (the SDFT mixture's filter: ``curriculum.sdft_data.sdft_backbone.distill``).
 
 Only *same* counts as the authors' way: an *equivalent* row is a stand-in of ours for the same thing (a
 path, a plugin), and a substitution that changes what is trained or measured is a difference with a
@@ -149,12 +150,27 @@ def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
 
         module, _, name = rest.partition(":")
         return getattr(importlib.import_module(module), name)
+    if head == "curriculum":
+        return curriculum_value(rest)
     if head == "recipe":
         value: Any = recipe
         for part in rest.split("."):
             value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
         return value
-    raise FidelityError(f"key {key!r}: starts with --, custom., env., tis., recipe., eval. or code.")
+    raise FidelityError(f"key {key!r}: starts with --, custom., env., tis., recipe., eval., curriculum. or code.")
+
+
+def curriculum_value(dotted: str) -> Any:
+    """``NAME.STAGE.a.b``: a setting of stage STAGE in ``recipes/curriculum/NAME.yaml`` (e.g. its distill filter)."""
+    name, _, rest = dotted.partition(".")
+    stage, _, inner = rest.partition(".")
+    path = REPO_ROOT / "recipes" / "curriculum" / f"{name}.yaml"
+    if not path.is_file():
+        raise FidelityError(f"key curriculum.{dotted!r}: no curriculum {path}")
+    stages = {s.get("name"): s for s in yaml.safe_load(path.read_text(encoding="utf-8")).get("stages") or []}
+    if stage not in stages:
+        raise FidelityError(f"key curriculum.{dotted!r}: {path.name} has no stage {stage!r}")
+    return _dig(stages[stage], inner) if inner else stages[stage]
 
 
 _TIS_KEYS = ("--use-tis", "--custom-tis-function-path")

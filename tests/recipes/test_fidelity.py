@@ -56,6 +56,17 @@ def test_each_run_covers_the_settings_that_change_training(data):
                     "--rollout-max-response-len", "--tensor-model-parallel-size"} <= keys, run  # fmt: skip
         else:
             assert {"--load", "--lr", "--global-batch-size", "--loss-type"} & keys, run
+    mixture = {row["key"] for row in run_rows(data, "sdft_backbone")}
+    assert {f"curriculum.sdft_data.sdft_backbone.distill.thresholds.{d}" for d in ("search", "retail", "math", "ifeval")} <= mixture
+
+
+def test_the_sdft_mixture_filters_as_the_authors_where_they_released_a_filter(rows):
+    """Search at reward >= 0.4 (filter_rollout_data.py), tau at 1.0 (parse_rollout_to_sft.py), no per-prompt cap."""
+    mixture = {r.setting: r for r in rows if r.run == "sdft_backbone"}
+    assert (mixture["search: reward threshold"].ours, mixture["tau: reward threshold"].ours) == (0.4, 1.0)
+    assert mixture["per-prompt cap"].status == "same" and mixture["per-prompt cap"].ours is None
+    retail = {r.setting: r.ours for r in rows if r.run == "oracle_rollouts_retail"}
+    assert int(retail["rollouts"]) * int(retail["prompts per rollout"]) * int(retail["samples per prompt"]) == 19_200
 
 
 def test_a_recipe_that_drifts_from_the_authors_fails_the_table(data):
