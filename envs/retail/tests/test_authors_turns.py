@@ -147,3 +147,30 @@ async def test_a_customer_failing_at_the_greeting_aborts_the_start_even_with_use
     )
     with pytest.raises(EpisodeAborted):
         await env.start(TASK)
+
+
+async def test_a_greeting_failure_is_a_zero_gradient_sample_with_reward_0_in_its_group(tiny_checkpoint, tiny_data):
+    """Through the slime hooks with the paper's retail settings: nothing is generated, the sample is removed (slime
+    zeroes its loss), and the reward it trains with is 0.0, as the authors' no-op sample."""
+    from aclarena_slime.slime_edge.rollout import generate, reward_post_process
+    from aclarena_slime.testing.fake_sglang import FakeSGLang
+    from aclarena_slime.testing.samples import FakeSample, make_args
+
+    async with FakeSGLang(None, ["unused"]) as engine:
+        dead = f"http://{engine.host}:1/v1"  # nothing listens on port 1: the greeting fails at once
+        user = {"kind": "llm", "base_url": dead, "model": "user_sim", "retries": 0, "timeout_s": 5}
+        config = {"retail": {"data_dir": str(tiny_data), "user": user, "turn_parsing": "authors",
+                             "shaping": {"user_failure": -0.3}}}  # fmt: skip
+        args = make_args(tiny_checkpoint, engine.host, engine.port, aclarena_env_config=config)
+        sample = FakeSample(prompt="tau3-retail task t0", label="t0", metadata={"env": "retail", "task_id": "t0"})
+        out = await generate(args, sample, {"temperature": 1.0})
+        assert engine.requests == []
+    assert out.remove_sample and out.status is FakeSample.Status.ABORTED and sum(out.loss_mask) == 0
+    group = [out]
+    for reward in (1.0, 0.0):
+        kept = FakeSample(prompt="p", label="t0", metadata={"env": "retail"})
+        kept.reward = reward
+        group.append(kept)
+    args.advantage_estimator, args.n_samples_per_prompt = "gspo", 3
+    _, trained = reward_post_process(args, group)
+    assert trained[0] == 0.0 and trained[1] == pytest.approx(-trained[2]) and trained[1] > 0.5
