@@ -184,7 +184,7 @@ def monitor_suite(settings: MonitorSettings, slime: bool = False, stages: StageR
     ``slime``: a suite is required (slime's eval reads data files) and the datasets' env settings are
     dropped (slime's eval config cannot carry them; the stage's ``aclarena_env_config`` applies), so only
     services their paths use need values. ``stages`` binds a dataset that names a stage (the recipes layer's
-    :func:`aclarena_slime.recipes.eval_config.read_stage`).
+    :func:`aclarena_slime.recipes.compiler.read_stage`).
     """
     domains, env_config = settings.domains, {} if slime else settings.env_config
     if slime and not settings.suite:

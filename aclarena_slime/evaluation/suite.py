@@ -21,7 +21,7 @@ records), ``env_config`` (the env's settings), ``chat_template_kwargs``. Unknown
 ``stage`` (a stage recipe under ``recipes/``, e.g. ``stage3_retail``) makes the dataset reproduce that stage's
 rollout by construction: its response budget and budget mode, context cap, stop strings and ids, top-k, chat
 template arguments and env settings come from the stage's compiled command (a reader from the recipes layer,
-:func:`aclarena_slime.recipes.eval_config.load_stage_suite`, supplies them); the suite sets only ``n_samples``,
+:func:`aclarena_slime.recipes.compiler.load_stage_suite`, supplies them); the suite sets only ``n_samples``,
 ``temperature``, ``top_p`` and ``limit``, and ``env_config`` entries merged over the stage's (machine services, and
 the accuracy scoring recipes/FIDELITY.md lists). Setting a stage's own key in the suite is an error.
 Machine-specific values (a retriever URL, a data folder, the user simulator) are declared once under
@@ -236,7 +236,7 @@ def _bind_stage(dataset: EvalDataset, stages: StageReader | None, where: str) ->
     if stages is None:
         raise SuiteError(
             f"{where}: reproduces stage {dataset.stage!r}; load the suite with a stage reader "
-            "(aclarena_slime.recipes.eval_config.load_stage_suite)"
+            "(aclarena_slime.recipes.compiler.load_stage_suite)"
         )
     try:
         rollout = stages(dataset.stage, dataset.env)

@@ -22,7 +22,7 @@ from aclarena_envs.search.server import make_app
 from aclarena_slime.evaluation import RunSettings, run_suite
 from aclarena_slime.evaluation.suite import deep_merge
 from aclarena_slime.http_service import serving
-from aclarena_slime.recipes.compiler import compile_recipe, load_stage_suite
+from aclarena_slime.recipes.compiler import compile_recipe, load_stage_suite, read_stage
 from aclarena_slime.recipes.compose import load_recipe
 from aclarena_slime.sglang_client import SGLangClient, new_session
 from aclarena_slime.slime_edge.rollout import generate
@@ -190,8 +190,17 @@ async def test_retail_eval_requests_equal_training_turn_by_turn(tmp_path, tiny_t
 @pytest.mark.parametrize("key", ["max_response_len", "max_turns", "top_k"])
 def test_a_stage_bound_dataset_may_not_set_the_stages_own_settings(key):
     from aclarena_slime.evaluation import SuiteError, parse_suite
-    from aclarena_slime.recipes.compiler import read_stage
 
     data = {"datasets": {"a": {"env": "math", "path": "a.jsonl", "stage": "stage1_math", key: 5}}}
     with pytest.raises(SuiteError, match=f"{key}: set by stage 'stage1_math'"):
         parse_suite(data, "s.yaml", stages=read_stage)
+
+
+def test_a_stage_bound_suite_without_a_stage_reader_is_refused():
+    from aclarena_slime.evaluation import SuiteError, parse_suite
+
+    data = {"datasets": {"a": {"env": "math", "path": "a.jsonl", "stage": "stage1_math"}}}
+    with pytest.raises(SuiteError, match="reproduces stage 'stage1_math'; load the suite with a stage reader"):
+        parse_suite(data, "s.yaml")
+    with pytest.raises(SuiteError, match="stage 'no_such_stage': no stage recipe"):
+        parse_suite({"datasets": {"a": {**data["datasets"]["a"], "stage": "no_such_stage"}}}, "s.yaml", stages=read_stage)
