@@ -120,15 +120,16 @@ def run_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from aclarena_slime.evaluation import ResultsExist, RunSettings, SuiteError, load_experts, load_suite, run_suite
+    from aclarena_slime.evaluation import ResultsExist, RunSettings, SuiteError, load_experts, run_suite
     from aclarena_slime.evaluation.records import DatasetError
     from aclarena_slime.experts import ExpertError, ExpertTable
     from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment
+    from aclarena_slime.recipes.compiler import load_stage_suite
     from aclarena_slime.sglang_client import SGLangClient, SGLangError, new_session
 
     try:
         services = _pairs(args.service, "--service")
-        suite = load_suite(args.suite, services).select(args.only).with_limit(args.limit).require_services()
+        suite = load_stage_suite(args.suite, services).select(args.only).with_limit(args.limit).require_services()
         experts = None
         if args.experts:
             experts = ExpertTable.load(args.experts)
@@ -213,11 +214,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def slime_config_command(args: argparse.Namespace) -> int:
-    from aclarena_slime.evaluation import SuiteError, load_suite
+    from aclarena_slime.evaluation import SuiteError
+    from aclarena_slime.recipes.compiler import load_stage_suite
     from aclarena_slime.recipes.eval_config import write_slime_eval_config
 
     try:
-        suite = load_suite(args.suite, _pairs(args.service, "--service")).require_services()
+        suite = load_stage_suite(args.suite, _pairs(args.service, "--service")).require_services()
     except SuiteError as exc:
         raise CommandError(str(exc)) from exc
     print(write_slime_eval_config(suite, args.output, args.data_root.resolve()))

@@ -32,7 +32,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aclarena_slime.evaluation.suite import HELD_OUT_DEMOS, EvalDataset, EvalSuite, SuiteError, load_suite
+from aclarena_slime.evaluation.suite import (
+    HELD_OUT_DEMOS,
+    EvalDataset,
+    EvalSuite,
+    StageReader,
+    SuiteError,
+    load_suite,
+)
 
 ACTIONS = ("warn", "keep", "stop")
 KEPT_DIR = "kept_adapter"  # the policy of the last check before a fall (action "keep")
@@ -171,18 +178,19 @@ class ForgettingMonitor:
         }
 
 
-def monitor_suite(settings: MonitorSettings, slime: bool = False) -> EvalSuite:
+def monitor_suite(settings: MonitorSettings, slime: bool = False, stages: StageReader | None = None) -> EvalSuite:
     """The datasets the monitor runs: the suite's datasets of ``settings.domains``, or their demo records.
 
     ``slime``: a suite is required (slime's eval reads data files) and the datasets' env settings are
     dropped (slime's eval config cannot carry them; the stage's ``aclarena_env_config`` applies), so only
-    services their paths use need values.
+    services their paths use need values. ``stages`` binds a dataset that names a stage (the recipes layer's
+    :func:`aclarena_slime.recipes.compiler.read_stage`).
     """
     domains, env_config = settings.domains, {} if slime else settings.env_config
     if slime and not settings.suite:
         raise SuiteError("monitor.suite is required on the slime backend: its eval config reads data files")
     if settings.suite:
-        suite = load_suite(settings.suite, settings.services)
+        suite = load_suite(settings.suite, settings.services, stages)
         datasets = tuple(d for d in suite.datasets if d.domain in domains)  # a domain is its env tag by default
         if slime:
             datasets = tuple(replace(d, env_config={}) for d in datasets)

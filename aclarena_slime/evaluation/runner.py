@@ -154,7 +154,9 @@ async def _one(
     semaphore: asyncio.Semaphore,
 ) -> dict[str, Any]:
     dataset = plan.dataset
-    loop = loop_settings(Budgets(dataset.max_response_len), {}, True, plan.lora_path, dataset.max_turns)
+    # The stage's budgets when the dataset reproduces one (suite.StageRollout): a per-turn budget stays per turn.
+    budgets = Budgets(dataset.max_response_len, dataset.budget_mode, dataset.max_context_len)
+    loop = loop_settings(budgets, {}, True, plan.lora_path, dataset.max_turns)
     async with semaphore:
         try:
             traj = await run_episode(env, task, client, chat, dataset.sampling_params(), loop)

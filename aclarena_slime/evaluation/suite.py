@@ -17,6 +17,13 @@ for smoke runs that need no data files), ``domain (the column of the forgetting 
 env tag by default), ``n_samples``, ``temperature``, ``top_p``, ``top_k``, ``max_response_len``
 (token budget of the whole response, observations included), ``max_turns``, ``limit`` (first N
 records), ``env_config`` (the env's settings), ``chat_template_kwargs``. Unknown keys are errors.
+
+``stage`` (a stage recipe under ``recipes/``, e.g. ``stage3_retail``) makes the dataset reproduce that stage's
+rollout by construction: its response budget and budget mode, context cap, stop strings and ids, top-k, chat
+template arguments and env settings come from the stage's compiled command (a reader from the recipes layer,
+:func:`aclarena_slime.recipes.compiler.load_stage_suite`, supplies them); the suite sets only ``n_samples``,
+``temperature``, ``top_p`` and ``limit``, and ``env_config`` entries merged over the stage's (machine services, and
+the accuracy scoring recipes/FIDELITY.md lists). Setting a stage's own key in the suite is an error.
 Machine-specific values (a retriever URL, a data folder, the user simulator) are declared once under
 ``services:`` and referenced as ``${services.NAME}`` (OmegaConf interpolation, as in the recipes) in
 ``path`` and ``env_config``; the command line fills them (``aclarena eval run SUITE --service
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,27 @@ class SuiteError(ValueError):
 
 
 @dataclass(frozen=True)
+class StageRollout:
+    """What one stage's training rollout sends for one env, read from its compiled command."""
+
+    stage: str
+    max_response_len: int
+    budget_mode: str = "total"
+    max_context_len: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    top_k: int = -1
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_config: dict[str, Any] = field(default_factory=dict)
+
+
+#: ``(stage, env tag) -> StageRollout``; the recipes layer provides one (evaluation sits below recipes).
+StageReader = Callable[[str, str], StageRollout]
+# What a stage-bound dataset takes from its stage and so may not set itself.
+STAGE_KEYS = frozenset({"max_response_len", "max_turns", "top_k", "chat_template_kwargs"})
+
+
+@dataclass(frozen=True)
 class EvalDataset:
     name: str
     env: str
@@ -66,6 +94,11 @@ class EvalDataset:
     limit: int | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    stage: str = ""  # the stage whose rollout this dataset reproduces (the fields below come from it)
+    budget_mode: str = "total"  # what max_response_len bounds (rollout.Budgets): all turns, or each turn
+    max_context_len: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.domain:
@@ -77,11 +110,20 @@ class EvalDataset:
         return sorted(set(_UNSET.findall(repr((self.path, self.env_config)))))
 
     def sampling_params(self) -> dict[str, Any]:
-        """SGLang sampling params; the agent loop sets ``max_new_tokens`` from the remaining budget."""
-        params: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
-        if self.top_k is not None:
-            params["top_k"] = self.top_k
-        return params
+        """SGLang sampling params, the keys slime's rollout sends (slime/rollout/sglang_rollout.py, GenerateState:
+        temperature, top-p, top-k, stop strings and ids, ``skip_special_tokens`` off, ``no_stop_trim``, no spaces
+        between special tokens), so an eval request differs from a training one only in the sampled settings; the
+        agent loop sets ``max_new_tokens`` from the remaining budget."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": -1 if self.top_k is None else self.top_k,
+            "stop": list(self.stop) or None,
+            "stop_token_ids": list(self.stop_token_ids) or None,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+            "spaces_between_special_tokens": False,
+        }
 
     def resolved_path(self, data_root: str | Path | None) -> Path:
         path = Path(os.path.expanduser(self.path))
@@ -127,14 +169,20 @@ class EvalSuite:
 
 
 _FIELDS = {f.name: f for f in fields(EvalDataset)}
-_SETTABLE = set(_FIELDS) - {"name"}
+_SETTABLE = set(_FIELDS) - {"name", "budget_mode", "max_context_len", "stop", "stop_token_ids"}
 _INTS = {"n_samples", "top_k", "max_response_len", "max_turns", "limit", "demo"}
 _FLOATS = {"temperature", "top_p"}
 _DICTS = {"env_config", "chat_template_kwargs"}
 
 
-def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] | None = None) -> EvalSuite:
-    """Build a suite from its YAML mapping, with errors that name ``source`` and the key."""
+def parse_suite(
+    data: Any,
+    source: str = "<suite>",
+    services: Mapping[str, str] | None = None,
+    stages: StageReader | None = None,
+) -> EvalSuite:
+    """Build a suite from its YAML mapping, with errors that name ``source`` and the key; ``stages`` reads the
+    rollout of a dataset's ``stage`` (required when a dataset names one)."""
     if not isinstance(data, Mapping):
         raise SuiteError(f"{source}: a suite is a mapping with 'datasets'")
     unknown = set(data) - {"name", "defaults", "datasets", "services"}
@@ -163,18 +211,59 @@ def parse_suite(data: Any, source: str = "<suite>", services: Mapping[str, str] 
             raise SuiteError(f"{where}: 'env' is required")
         if bool(merged.get("path")) == bool(merged.get("demo")):
             raise SuiteError(f"{where}: give either 'path' (a slime JSONL file) or 'demo' (a record count)")
+        own = sorted(STAGE_KEYS & set(merged)) if merged.get("stage") else []
+        if own:
+            raise SuiteError(f"{where}: {', '.join(own)}: set by stage {merged['stage']!r}, not here")
         merged = _with_services(merged, values, where)
-        datasets.append(EvalDataset(name=str(name), **{k: _coerce(k, v, where) for k, v in merged.items()}))
+        dataset = EvalDataset(name=str(name), **{k: _coerce(k, v, where) for k, v in merged.items()})
+        datasets.append(_bind_stage(dataset, stages, where) if dataset.stage else dataset)
     return EvalSuite(name=str(data.get("name") or Path(source).stem), datasets=tuple(datasets))
 
 
-def load_suite(path: str | Path, services: Mapping[str, str] | None = None) -> EvalSuite:
+def load_suite(
+    path: str | Path, services: Mapping[str, str] | None = None, stages: StageReader | None = None
+) -> EvalSuite:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise SuiteError(f"cannot read eval suite {path}: {exc}") from exc
-    return parse_suite(data, str(path), services)
+    return parse_suite(data, str(path), services, stages)
+
+
+def _bind_stage(dataset: EvalDataset, stages: StageReader | None, where: str) -> EvalDataset:
+    """``dataset`` with its stage's rollout settings; its own ``env_config`` merged over the stage's."""
+    if stages is None:
+        raise SuiteError(
+            f"{where}: reproduces stage {dataset.stage!r}; load the suite with a stage reader "
+            "(aclarena_slime.recipes.compiler.load_stage_suite)"
+        )
+    try:
+        rollout = stages(dataset.stage, dataset.env)
+    except (OSError, ValueError) as exc:
+        raise SuiteError(f"{where}: stage {dataset.stage!r}: {exc}") from exc
+    return replace(
+        dataset,
+        max_response_len=rollout.max_response_len,
+        budget_mode=rollout.budget_mode,
+        max_context_len=rollout.max_context_len,
+        stop=tuple(rollout.stop),
+        stop_token_ids=tuple(rollout.stop_token_ids),
+        top_k=rollout.top_k,
+        chat_template_kwargs=dict(rollout.chat_template_kwargs),
+        env_config=deep_merge(rollout.env_config, dataset.env_config),
+    )
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s entries, mappings merged key by key (``over``'s None replaces a mapping)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 _UNSET = re.compile(r"<unset service (\w+): pass --service")

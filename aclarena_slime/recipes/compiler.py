@@ -15,6 +15,7 @@ adapter being trained), ``aclarena_lora`` (the LoRA actor's settings, validated 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -26,9 +27,10 @@ from typing import Any
 
 import yaml
 
+from aclarena_slime.evaluation.suite import EvalSuite, StageRollout, load_suite
 from aclarena_slime.lora.config import ADAPTER_PARAM_PATTERN, LoraConfig, LoraConfigError
 from aclarena_slime.recipes.addresses import no_proxy_value, ray_cluster_env
-from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import check_flags
 from aclarena_slime.recipes.schema import StageRecipe
 from aclarena_slime.slime_edge import HOOKS
@@ -209,13 +211,13 @@ def _eval_suite(recipe: StageRecipe, flags: _Flags) -> dict[str, Any] | None:
     name = recipe.extra.get(EVAL_SUITE)
     if name is None:
         return None
-    from aclarena_slime.evaluation import SuiteError, load_suite
+    from aclarena_slime.evaluation import SuiteError
     from aclarena_slime.recipes.eval_config import slime_eval_config
 
     if recipe.data.eval_prompt_data:
         raise RecipeError("extra.eval_suite replaces data.eval_prompt_data; set one of them")
     try:
-        config = slime_eval_config(load_suite(REPO_ROOT / "recipes" / str(name)), recipe.paths.data)
+        config = slime_eval_config(load_stage_suite(REPO_ROOT / "recipes" / str(name)), recipe.paths.data)
     except (OSError, SuiteError) as exc:
         raise RecipeError(f"extra.eval_suite {name!r}: {exc}") from exc
     flags.add("eval_config", str(Path(recipe.run_dir) / EVAL_CONFIG_NAME), "extra.eval_suite")
@@ -247,7 +249,7 @@ def _monitor(
             )
         )
     try:
-        config, section = monitor_eval_config(recipe, policy_dir)
+        config, section = monitor_eval_config(recipe, policy_dir, read_stage)
     except SuiteError as exc:
         raise RecipeError(f"monitor: {exc}") from exc
     flags.add("eval_config", str(Path(recipe.run_dir) / EVAL_CONFIG_NAME), "monitor")
@@ -487,3 +489,52 @@ def _shell_groups(argv: list[str]) -> list[str]:
         else:
             lines[-1] += " " + quoted
     return lines
+
+
+def read_stage(stage: str, env: str) -> StageRollout:
+    """What stage ``stage`` (a recipe under ``recipes/``, ``.yaml`` optional) sends for env ``env``: the response
+    budget and its mode, the context cap, stop strings and ids, top-k, chat template arguments (slime's rollout
+    flags, as compiled) and the env's settings (``aclarena_env_config``)."""
+    argv, custom = _compiled_stage(stage if stage.endswith(".yaml") else f"{stage}.yaml")
+    envs = custom.get("aclarena_env_config") or {}
+    if env not in envs:
+        raise ValueError(f"the stage configures no env {env!r} (it has {', '.join(sorted(envs)) or 'none'})")
+    kwargs = _flag(argv, "--apply-chat-template-kwargs")
+    context = _flag(argv, "--rollout-max-context-len")
+    return StageRollout(
+        stage=stage,
+        max_response_len=int(_flag(argv, "--rollout-max-response-len")[0]),
+        budget_mode=str(custom.get("aclarena_response_budget") or "total"),
+        max_context_len=int(context[0]) if context else None,
+        stop=tuple(_flag(argv, "--rollout-stop")),
+        stop_token_ids=tuple(int(t) for t in _flag(argv, "--rollout-stop-token-ids")),
+        top_k=int((_flag(argv, "--rollout-top-k") or ["-1"])[0]),
+        chat_template_kwargs=json.loads(kwargs[0]) if kwargs else {},
+        env_config=dict(envs[env]),
+    )
+
+
+def load_stage_suite(path: str | Path, services: Mapping[str, str] | None = None) -> EvalSuite:
+    """:func:`aclarena_slime.evaluation.load_suite` with each ``stage`` dataset bound to its stage's rollout."""
+    return load_suite(path, services, stages=read_stage)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_stage(recipe_file: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    path = REPO_ROOT / "recipes" / recipe_file
+    if not path.is_file():
+        raise ValueError(f"no stage recipe {path}")
+    command = compile_recipe(load_recipe(path))
+    return tuple(command.train_args), dict(command.custom_config)
+
+
+def _flag(argv: tuple[str, ...], name: str) -> list[str]:
+    """The values after ``name`` in a compiled argv (empty when absent)."""
+    if name not in argv:
+        return []
+    values = []
+    for arg in argv[argv.index(name) + 1 :]:
+        if arg.startswith("--"):
+            break
+        values.append(arg)
+    return values

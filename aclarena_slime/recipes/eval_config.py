@@ -9,6 +9,9 @@ dataset through our generate/reward functions and tags its samples with the env 
 Not expressible there: per-dataset env settings (slime reads ``args.aclarena_env_config`` from
 ``--custom-config-path``, one for the whole run) and ``max_turns`` (the env's own limit applies).
 
+A dataset that names a ``stage`` is bound by the compiler (:func:`aclarena_slime.recipes.compiler.read_stage`):
+the stage recipe is compiled and the dataset takes what that command makes the rollout send.
+
 A stage's forgetting monitor (the recipe's ``monitor`` section) compiles here too
 (:func:`monitor_eval_config`): the stage's own eval sets and the earlier domains' datasets in one
 ``--eval-config``, and the section the monitor's eval-log hook reads (``aclarena_monitor``).
@@ -22,7 +25,7 @@ from typing import Any
 import yaml
 
 from aclarena_slime.evaluation.monitor import monitor_suite
-from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, SuiteError
+from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite, StageReader, SuiteError
 from aclarena_slime.recipes.schema import StageRecipe
 from aclarena_slime.slime_edge import path as hook_path
 
@@ -84,12 +87,14 @@ def write_slime_eval_config(suite: EvalSuite, out: str | Path, data_root: str | 
     return out
 
 
-def monitor_eval_config(recipe: StageRecipe, policy_dir: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def monitor_eval_config(
+    recipe: StageRecipe, policy_dir: str | None, stages: StageReader | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``--eval-config`` of a monitored stage and the hook's ``aclarena_monitor`` section.
 
     The eval config holds the stage's own eval sets (``data.eval_prompt_data``) and the earlier domains'
     datasets of ``monitor.suite``; slime runs them every ``--eval-interval`` (= ``monitor.interval``)
-    rollouts and hands the results to the hook. ``policy_dir``: the PEFT folder the adapter sync rewrites
+    rollouts and hands the results to the hook; ``stages`` binds a suite dataset that names a stage. ``policy_dir``: the PEFT folder the adapter sync rewrites
     after every step (what ``keep`` copies); None without one.
     """
     settings = recipe.monitor
@@ -97,7 +102,7 @@ def monitor_eval_config(recipe: StageRecipe, policy_dir: str | None) -> tuple[di
         EvalDataset(name=name, env=recipe.data.env, path=path, max_response_len=recipe.rollout.rollout_max_response_len)
         for name, path in recipe.data.eval_prompt_data.items()
     )
-    watched = monitor_suite(settings, slime=True).datasets
+    watched = monitor_suite(settings, slime=True, stages=stages).datasets
     section = {
         **settings.to_dict(),
         "datasets": {d.name: d.domain for d in watched},  # slime's eval results come keyed by dataset name

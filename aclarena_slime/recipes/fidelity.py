@@ -8,6 +8,12 @@ say why we differ. Regenerate ``recipes/FIDELITY.md`` with::
 
     python -m aclarena_slime.recipes.fidelity          # writes recipes/FIDELITY.md
     python -m aclarena_slime.recipes.fidelity --check  # exit 1 when a difference has no reason or the file is stale
+    python -m aclarena_slime.recipes.fidelity --check --authors DIR  # and when a cited line lacks its flag
+
+``--authors DIR`` is a checkout of WillDreamer/ACLArena: every ``FILE:LINES`` citation of a row must name a
+file and lines that exist there, and the cited lines must hold the row's flag (its ``--flag`` key) or the text
+its ``cites`` field names, so a citation that has shifted fails. A ``--flag`` key is looked for when the first
+citation is a shell script; other rows without ``cites`` are checked for existence only.
 
 Keys of a row name where our value is read: ``--flag`` (the compiled command line; a switch is ``true``,
 a flag not passed is ``null``), ``custom.a.b`` (the custom config slime sets on ``args``),
@@ -15,7 +21,8 @@ a flag not passed is ``null``), ``custom.a.b`` (the custom config slime sets on 
 is on, else ``null``; a LoRA stage's ``--use-tis`` that only carries the parity check reads as off), ``recipe.a.b`` (the composed recipe), ``eval.DATASET.key`` (a dataset of the
 compiled ``--eval-config``), ``code.module:NAME`` (a constant of our code, for behaviour no setting
 holds: a prompt text). A run with ``suite:`` instead of ``recipe:`` is an evaluation suite; its keys are
-``suite.DATASET.field`` (``suite.aime26.env_config.prompt``).
+``suite.DATASET.field`` (``suite.aime26.env_config.prompt``). ``curriculum.NAME.STAGE.a.b`` reads a stage's
+setting in ``recipes/curriculum/NAME.yaml`` (the SDFT mixture's filter: ``curriculum.sdft_data.sdft_backbone.distill``).
 
 Only *same* counts as the authors' way: an *equivalent* row is a stand-in of ours for the same thing (a
 path, a plugin), and a substitution that changes what is trained or measured is a difference with a
@@ -25,6 +32,7 @@ reason. The table opens with the counts.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,7 +49,7 @@ from aclarena_slime.slime_edge import path as hook_path
 DATA = REPO_ROOT / "recipes" / "fidelity" / "authors.yaml"
 TABLE = REPO_ROOT / "recipes" / "FIDELITY.md"
 ROOT = "/ROOT"  # paths.root of the compiled recipes; shown as ${root}
-ROW_FIELDS = {"setting", "key", "authors", "source", "reason", "equivalent"}
+ROW_FIELDS = {"setting", "key", "authors", "source", "reason", "equivalent", "cites"}
 SHOWN_CHARS = 90  # a longer value of ours (a prompt text read from the code) is cut in the table
 
 
@@ -85,9 +93,9 @@ def run_rows(data: Mapping[str, Any], run: str) -> list[dict[str, Any]]:
 
 def suite_datasets(suite_file: str) -> dict[str, Any]:
     """The datasets of an eval suite under recipes/, by name (services left unset)."""
-    from aclarena_slime.evaluation import load_suite
+    from aclarena_slime.recipes.compiler import load_stage_suite
 
-    return {d.name: d for d in load_suite(REPO_ROOT / "recipes" / suite_file).datasets}
+    return {d.name: d for d in load_stage_suite(REPO_ROOT / "recipes" / suite_file).datasets}
 
 
 def suite_value(key: str, datasets: Mapping[str, Any]) -> Any:
@@ -141,12 +149,27 @@ def our_value(key: str, recipe: StageRecipe, command: SlimeCommand) -> Any:
         from aclarena_slime.dotted import load_dotted
 
         return load_dotted(rest)
+    if head == "curriculum":
+        return curriculum_value(rest)
     if head == "recipe":
         value: Any = recipe
         for part in rest.split("."):
             value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
         return value
-    raise FidelityError(f"key {key!r}: starts with --, custom., env., tis., recipe., eval. or code.")
+    raise FidelityError(f"key {key!r}: starts with --, custom., env., tis., recipe., eval., curriculum. or code.")
+
+
+def curriculum_value(dotted: str) -> Any:
+    """``NAME.STAGE.a.b``: a setting of stage STAGE in ``recipes/curriculum/NAME.yaml`` (e.g. its distill filter)."""
+    name, _, rest = dotted.partition(".")
+    stage, _, inner = rest.partition(".")
+    path = REPO_ROOT / "recipes" / "curriculum" / f"{name}.yaml"
+    if not path.is_file():
+        raise FidelityError(f"key curriculum.{dotted!r}: no curriculum {path}")
+    stages = {s.get("name"): s for s in yaml.safe_load(path.read_text(encoding="utf-8")).get("stages") or []}
+    if stage not in stages:
+        raise FidelityError(f"key curriculum.{dotted!r}: {path.name} has no stage {stage!r}")
+    return _dig(stages[stage], inner) if inner else stages[stage]
 
 
 _TIS_KEYS = ("--use-tis", "--custom-tis-function-path")
@@ -262,12 +285,75 @@ def counts(rows: list[Row]) -> str:
     )
 
 
+_CITATION = re.compile(r"(?P<path>[\w./+-]+\.(?:sh|py|yaml|yml|md|json|txt)):(?P<lines>\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)")
+
+
+def citations(source: str) -> list[tuple[str, list[int]]]:
+    """The ``FILE:LINES`` citations of a row's source, lines expanded (``:42,72``, ``:49-50``)."""
+    out = []
+    for match in _CITATION.finditer(source):
+        lines: list[int] = []
+        for part in match["lines"].split(","):
+            first, _, last = part.partition("-")
+            lines.extend(range(int(first), int(last or first) + 1))
+        out.append((match["path"], lines))
+    return out
+
+
+def _resolve(authors: Path, cited: str, near: Path | None) -> Path | None:
+    """The cited file in the authors' checkout: from its root, from ``slime/examples/``, beside the row's previous
+    citation, or the one file of that name."""
+    for base in (authors, authors / "slime" / "examples", near):
+        if base is not None and (base / cited).is_file():
+            return base / cited
+    named = [p for p in authors.rglob(f"*{Path(cited).name}") if p.is_file() and str(p).endswith(cited)]
+    return named[0] if len(named) == 1 else None
+
+
+def check_citations(authors: Path, data: Mapping[str, Any] | None = None) -> tuple[list[str], int]:
+    """Problems with the table's citations against the authors' checkout, and how many rows had their flag or
+    ``cites`` text looked for in the cited lines."""
+    data = data if data is not None else load_data()
+    problems, checked, texts = [], 0, {}
+    for run, spec in data["runs"].items():
+        for row in spec.get("rows") or []:
+            cited = citations(str(row["source"]))
+            script = bool(cited) and cited[0][0].endswith(".sh")  # a flag is looked for in a script's lines only
+            needle = row.get("cites") or (row["key"] if script and str(row["key"]).startswith("--") else None)
+            where = f"{run}: {row['setting']} ({row['source']})"
+            held, near = [], None
+            for name, lines in cited:
+                path = _resolve(authors, name, near)
+                if path is None:
+                    problems.append(f"{where}: no file {name} in {authors}")
+                    continue
+                near = path.parent
+                if path not in texts:
+                    texts[path] = path.read_text(encoding="utf-8", errors="replace").splitlines()
+                past = [n for n in lines if not 1 <= n <= len(texts[path])]
+                if past:
+                    problems.append(f"{where}: {name} has {len(texts[path])} lines, cited {past}")
+                held += [texts[path][n - 1] for n in lines if 1 <= n <= len(texts[path])]
+            if needle and held:
+                checked += 1
+                if not any(str(needle) in line for line in held):
+                    problems.append(f"{where}: no cited line holds {needle!r}")
+    return problems, checked
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m aclarena_slime.recipes.fidelity", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--check", action="store_true", help="write nothing; fail on unexplained rows or a stale table")
+    parser.add_argument(
+        "--authors", type=Path, help="with --check: a checkout of WillDreamer/ACLArena; fail when a citation has shifted"
+    )
     args = parser.parse_args(argv)
+    if args.authors is not None and not args.check:
+        parser.error("--authors goes with --check")
+    if args.authors is not None and not args.authors.is_dir():
+        parser.error(f"--authors {args.authors}: not a folder")
     rows = table()
     text = render(rows)
     bad = [r for r in rows if r.status == "unexplained"]
@@ -278,7 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         stale = not TABLE.is_file() or TABLE.read_text(encoding="utf-8") != text
         if stale:
             print(f"{TABLE} is stale: python -m aclarena_slime.recipes.fidelity", file=sys.stderr)
-        return 1 if bad or stale else 0
+        shifted: list[str] = []
+        if args.authors is not None:
+            shifted, checked = check_citations(args.authors)
+            for problem in shifted:
+                print(problem, file=sys.stderr)
+            print(f"citations: {checked} rows' flags found in their cited lines, {len(shifted)} problems", file=sys.stderr)
+        return 1 if bad or stale or shifted else 0
     TABLE.write_text(text, encoding="utf-8")
     print(f"wrote {TABLE} ({len(rows)} rows, {len(bad)} unexplained)", file=sys.stderr)
     return 1 if bad else 0

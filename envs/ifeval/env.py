@@ -11,7 +11,9 @@ all four IFEval numbers and a verdict per instruction, so evaluation needs no se
 
 Config (recipe ``aclarena_env_config.ifeval``): ``level`` (``prompt`` | ``instruction``),
 ``mode`` (``strict`` | ``loose``), ``thinking`` (``strip`` | ``keep``), ``max_response_chars`` (20000: a longer answer follows no
-instruction, reward 0, ``too_long`` in the breakdown), ``score_timeout_s`` (60).
+instruction, reward 0, ``too_long`` in the breakdown; it counts the checked text, thinking included with ``thinking:
+keep``; null: no cap, the authors' rule, ifbench.py:168-170 checks the response whatever its length),
+``score_timeout_s`` (60).
 
 Scoring runs in one worker thread per environment, off the event loop: sentence splitting (Punkt) costs
 up to ~40 µs per character on degenerate text, so the answer length is capped and the verdict awaited
@@ -44,7 +46,7 @@ class IFEvalConfig:
     level: str = "prompt"
     mode: str = "strict"
     thinking: str = "strip"
-    max_response_chars: int = 20_000
+    max_response_chars: int | None = 20_000  # None: no cap (the authors')
     score_timeout_s: float = 60.0
 
     @classmethod
@@ -58,8 +60,8 @@ class IFEvalConfig:
         if cfg.thinking not in THINKING:
             raise ValueError(f"ifeval: thinking must be one of {list(THINKING)}, got {cfg.thinking!r}")
         chars, timeout = cfg.max_response_chars, cfg.score_timeout_s
-        if isinstance(chars, bool) or not isinstance(chars, int) or chars < 1:
-            raise ValueError(f"ifeval: max_response_chars must be a positive integer, got {chars!r}")
+        if chars is not None and (isinstance(chars, bool) or not isinstance(chars, int) or chars < 1):
+            raise ValueError(f"ifeval: max_response_chars must be a positive integer or null, got {chars!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"ifeval: score_timeout_s must be a positive number, got {timeout!r}")
         return cfg
@@ -79,7 +81,7 @@ class IFEvalEpisode(Episode):
         cfg = self.env.cfg
         answer, had_thinking = strip_thinking(self.response) if cfg.thinking == "strip" else (self.response, False)
         base = {"level": self.level, "mode": self.mode, "thinking_removed": had_thinking}
-        if len(answer) > cfg.max_response_chars:
+        if cfg.max_response_chars is not None and len(answer) > cfg.max_response_chars:
             return Score(0.0, {**base, "too_long": len(answer), **_nothing_followed(self.label)})
         job = asyncio.get_running_loop().run_in_executor(self.env.scorer, judge, self.label, answer)
         try:

@@ -5,7 +5,15 @@ An episode starts with the agent's system prompt (an instruction plus the data d
 (``<tool_call>{"name", "arguments"}</tool_call>``, answered by ``tool`` messages; a call that cannot be
 read or is refused is answered by an ``Error: ...`` message and changes nothing) or a message to the
 customer (answered by the customer's reply as a ``user`` message). The customer ends the episode with
-``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``; a failing simulator aborts it.
+``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``; a failing simulator aborts it. A simulator
+that fails at the greeting, before the agent has said anything, always aborts the episode: the sample is
+removed (zero gradient, kept out of its group's baseline), as the authors' no-op sample
+(``generate_with_tau.py:114-174; trainable_agents.py:497-515``).
+
+``turn_parsing: authors`` reads each turn as the authors' agent does (:mod:`.authors_turns`): every turn stops at
+the first ``</tool_call>``, a turn without a readable call to a known tool is said to the customer, whole, and
+the episode goes on; ``strict`` (the default) answers an unreadable call with an error message, ignores calls
+inside the thinking, and with ``shaping`` ends the episode on an unreadable or empty turn.
 
 Reward range {0.0, 1.0}: the final database equals the one the gold actions produce (and, where the
 task's basis asks, the required information was said). See :mod:`.reward`. With ``shaping`` set, the
@@ -26,6 +34,7 @@ Config (recipe ``aclarena_env_config.retail``)::
     max_tool_calls: 16              # calls run per turn; the rest get one error answer
     first_call_only: false          # true: only a turn's first call runs, the rest are dropped unanswered
                                     # (the authors' agent, tau-bench/trainable_agents.py:117-131)
+    turn_parsing: strict            # or authors: the authors' agent's reading of a turn (authors_turns.py)
     max_error_chars: 1000           # a refusal's text (which may echo the model's arguments) is cut here
 """
 
@@ -36,12 +45,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from aclarena_envs.retail import routing
+from aclarena_envs.retail.authors_turns import ABORT, CALL, parse_authors_turn
 from aclarena_envs.retail.data import TAG, RetailData, records, task_id_of
 from aclarena_envs.retail.db import canonical_hash
 from aclarena_envs.retail.reward import GoldReplay, replay_gold, score_episode
 from aclarena_envs.retail.shaping import RetailShaping, turn_well_formed
-from aclarena_envs.retail.tool_calls import MalformedCall, ToolCallParser
-from aclarena_envs.retail.tools import WRITE_TOOLS, RetailTools, tool_schemas
+from aclarena_envs.retail.tool_calls import MalformedCall, ToolCall, ToolCallParser
+from aclarena_envs.retail.tools import TOOL_SPECS, WRITE_TOOLS, RetailTools, tool_schemas
 from aclarena_envs.retail.user_sim import (
     AGENT_GREETING,
     UserSession,
@@ -76,7 +86,9 @@ CONFIG_KEYS = {
     "max_error_chars",
     "shaping",
     "first_call_only",
+    "turn_parsing",
 }
+TURN_PARSING = ("strict", "authors")
 # Caps on what one model turn can cost or make the env echo (hitting one is an answer, never an error).
 CAPS = {"max_turn_chars": 65_536, "max_tool_calls": 16, "max_error_chars": 1_000}
 
@@ -113,9 +125,11 @@ class RetailEpisode(Episode):
         if len(text) > caps["max_turn_chars"]:
             limit = caps["max_turn_chars"]
             return Observation([_error(f"the turn has {len(text)} characters, over {limit}; nothing was run or sent.")])
-        turn = self.env.parser.parse(text)
         self.bad_turns += not turn_well_formed(text)
-        if self.env.shaping is not None and _broken(turn):  # the authors end the episode here
+        if self.env.turn_parsing == "authors":
+            return await self._authors_step(text)
+        turn = self.env.parser.parse(text)
+        if self.env.shaping is not None and _broken(turn):  # strict: ends here (the authors' agent goes on)
             self.aborted = True
             return Done("malformed_turn")
         if turn.content:
@@ -130,8 +144,23 @@ class RetailEpisode(Episode):
                     _error(f"at most {caps['max_tool_calls']} tool calls per turn; {skipped} more were not run.")
                 )
             return Observation(answers)
+        return await self._say(turn.content)
+
+    async def _authors_step(self, text: str) -> Observation | Done:
+        """A turn as the authors' agent reads it: one call, a message to the customer, or an abort."""
+        turn = parse_authors_turn(text, TOOL_SPECS)
+        if turn.action == ABORT:
+            self.aborted = True
+            return Done("malformed_turn")
+        if turn.action == CALL:
+            return Observation([self._answer(ToolCall(turn.name, turn.arguments))])
+        self.agent_messages.append(turn.content)
+        return await self._say(turn.content)
+
+    async def _say(self, content: str) -> Observation | Done:
+        """``content`` to the customer; their reply, or the end they call."""
         try:
-            reply = await self.user.reply(turn.content)
+            reply = await self.user.reply(content)
         except EpisodeAborted:
             if self.env.shaping is None or self.env.shaping.user_failure is None:
                 raise  # the sample is dropped (an outside service failed)
@@ -167,7 +196,7 @@ class RetailEpisode(Episode):
 
 
 def _broken(turn: Any) -> bool:
-    """A turn the authors' agent aborts on: a tool call it cannot read, or nothing at all."""
+    """A turn strict shaping aborts on: a tool call it cannot read, or nothing at all."""
     return any(isinstance(call, MalformedCall) for call in turn.calls) or (not turn.calls and not turn.content)
 
 
@@ -199,6 +228,11 @@ class RetailEnvironment(Environment):
         if self.max_turns < 1:
             raise ValueError("retail env: max_turns must be at least 1")
         self.parser = ToolCallParser.from_config(self.config.get("tool_call_format"))
+        self.turn_parsing = self.config.get("turn_parsing", "strict")
+        if self.turn_parsing not in TURN_PARSING:
+            raise ValueError(f"retail env: turn_parsing must be one of {', '.join(TURN_PARSING)}, got {self.turn_parsing!r}")
+        if self.turn_parsing == "authors":  # every turn ends at its first call (trainable_agents.py:479-481)
+            self.stop = (self.parser.close_tag,)
         self.first_call_only = self.config.get("first_call_only", False)
         if not isinstance(self.first_call_only, bool):
             raise ValueError(f"retail env: first_call_only must be true or false, got {self.first_call_only!r}")
@@ -220,14 +254,7 @@ class RetailEnvironment(Environment):
         if record.get("initial_state"):
             raise ValueError(f"retail task {record['id']}: tasks with an initial_state are not supported")
         session = self.user.session(scenario_text(record.get("user_scenario") or {}))
-        try:
-            first = await session.reply(AGENT_GREETING)
-        except EpisodeAborted:
-            if self.shaping is None or self.shaping.user_failure is None:
-                raise
-            episode = RetailEpisode(self, record, session, "")
-            episode.user_failed, episode.ended = True, "user_failure"
-            return episode
+        first = await session.reply(AGENT_GREETING)  # EpisodeAborted: nothing to train on, the sample is removed
         return RetailEpisode(self, record, session, first)
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:

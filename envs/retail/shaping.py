@@ -5,16 +5,21 @@ Facts from WillDreamer/ACLArena ``slime/examples/tau-bench/`` (the generate of `
 - a success with a malformed assistant turn pays 0.1, a failure pays nothing more
   (``trainable_agents.py:48-49``, applied at ``660-664``);
 - a truncated episode (turn limit or response budget) scores -0.2 (``generate_with_tau.py:202-203``);
-- an aborted one scores -0.3, "strictly worse than truncation" (``generate_with_tau.py:220-221``); the
-  agent aborts it by writing a turn the tool parser cannot read or an empty turn
-  (``trainable_agents.py:600-612``), which ends the episode.
+- an aborted one scores -0.3, "strictly worse than truncation" (``generate_with_tau.py:220-221``). Their agent
+  aborts only when SGLang's tool parser raises (a call whose JSON is not an object), the engine or the
+  simulator fails (``trainable_agents.py:600-623``): a malformed call, an unknown tool, a thinking-only or an
+  empty turn is said to the customer and the episode goes on (``turn_parsing: authors``,
+  :mod:`.authors_turns`). Our ``strict`` turn parsing instead ends the episode, scored as aborted, on an
+  unreadable call or an empty turn.
 
 A turn is well formed when it is ``[<think>...</think>]<tool_call>...</tool_call>`` (one call) or
 ``[<think>...</think>]`` plain text without chat or tool markup (``trainable_agents.py:19-39, 62-82``).
 
-A failing user simulator: the authors score the sample as aborted, -0.3 (``generate_with_tau.py:205-221``:
-"unparseable tool_call, or a user-sim error"); ``user_failure: -0.3`` does that. With ``user_failure:
-null`` (the default) the sample is dropped instead, as an outside-service failure never trained on.
+A user simulator failing after the greeting: the authors score the sample as aborted, -0.3
+(``generate_with_tau.py:205-221``); ``user_failure: -0.3`` does that. With ``user_failure: null`` (the
+default) the sample is dropped instead, as an outside-service failure never trained on. A simulator failing
+at the greeting always drops it (the env's start aborts): the authors emit a zero-gradient no-op sample with
+reward 0.0 there (``generate_with_tau.py:114-174; trainable_agents.py:497-515``).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from aclarena_envs.math.env import MathEnvironment
-from aclarena_slime.evaluation import load_suite
 from aclarena_slime.plugin.contract import Task
+from aclarena_slime.recipes.compiler import load_stage_suite, read_stage
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 # Keys the suite fills from services (the machine's, not a setting), and the settings the final evaluation
@@ -35,7 +35,18 @@ def training_settings(env: str) -> dict[str, Any]:
     return flat(yaml.safe_load((RECIPES / "env" / f"{env}.yaml").read_text()) or {})
 
 
-@pytest.mark.parametrize("dataset", [d for d in load_suite(RECIPES / "eval" / "paper.yaml").datasets], ids=str)
+def test_every_paper_dataset_reproduces_a_stage():
+    """The budgets, stops and env settings come from the stage, so they cannot drift from training."""
+    for dataset in load_stage_suite(RECIPES / "eval" / "paper.yaml").datasets:
+        stage = read_stage(dataset.stage, dataset.env)
+        assert (dataset.max_response_len, dataset.budget_mode, dataset.max_context_len, dataset.stop_token_ids) == (
+            stage.max_response_len, stage.budget_mode, stage.max_context_len, stage.stop_token_ids
+        ), dataset.name  # fmt: skip
+    retail = next(d for d in load_stage_suite(RECIPES / "eval" / "paper.yaml").datasets if d.name == "retail")
+    assert (retail.budget_mode, retail.max_context_len, retail.stop_token_ids) == ("per_turn", 32768, (151645,))
+
+
+@pytest.mark.parametrize("dataset", [d for d in load_stage_suite(RECIPES / "eval" / "paper.yaml").datasets], ids=str)
 def test_each_env_is_evaluated_with_its_training_settings(dataset):
     trained = {k: v for k, v in training_settings(dataset.env).items() if k not in SERVICES}
     evaluated = {k: v for k, v in flat(dataset.env_config).items() if k not in SERVICES}
@@ -47,7 +58,7 @@ def test_each_env_is_evaluated_with_its_training_settings(dataset):
 
 async def test_the_aime_eval_scores_a_response_as_training_does():
     """An unclosed thinking block holding \\boxed{5}: 1.0 under the training settings, 0.0 under the defaults."""
-    aime26 = next(d for d in load_suite(RECIPES / "eval" / "paper.yaml").datasets if d.name == "aime26")
+    aime26 = next(d for d in load_stage_suite(RECIPES / "eval" / "paper.yaml").datasets if d.name == "aime26")
     response = "<think>so the answer is \\boxed{5}"
     rewards = {}
     for name, config in (("defaults", {}), ("paper", dict(aime26.env_config))):

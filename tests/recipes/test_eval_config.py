@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from aclarena_slime.cli import main
-from aclarena_slime.evaluation import load_suite, parse_suite
+from aclarena_slime.evaluation import parse_suite
+from aclarena_slime.recipes.compiler import load_stage_suite
 from aclarena_slime.recipes.eval_config import SLIME_DATASET_KEYS, slime_eval_config
 from aclarena_slime.slime_edge import path as hook_path
 
@@ -60,7 +61,7 @@ def test_cli_writes_loadable_yaml(tmp_path):
     data = yaml.safe_load(out.read_text())
 
     names = [d["name"] for d in data["eval"]["datasets"]]
-    assert names == [d.name for d in load_suite(PAPER).datasets]
+    assert names == [d.name for d in load_stage_suite(PAPER).datasets]
     assert all(d["path"].startswith(str(tmp_path)) for d in data["eval"]["datasets"])
 
 

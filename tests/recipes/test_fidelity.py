@@ -56,6 +56,17 @@ def test_each_run_covers_the_settings_that_change_training(data):
                     "--rollout-max-response-len", "--tensor-model-parallel-size"} <= keys, run  # fmt: skip
         else:
             assert {"--load", "--lr", "--global-batch-size", "--loss-type"} & keys, run
+    mixture = {row["key"] for row in run_rows(data, "sdft_backbone")}
+    assert {f"curriculum.sdft_data.sdft_backbone.distill.thresholds.{d}" for d in ("search", "retail", "math", "ifeval")} <= mixture
+
+
+def test_the_sdft_mixture_filters_as_the_authors_where_they_released_a_filter(rows):
+    """Search at reward >= 0.4 (filter_rollout_data.py), tau at 1.0 (parse_rollout_to_sft.py), no per-prompt cap."""
+    mixture = {r.setting: r for r in rows if r.run == "sdft_backbone"}
+    assert (mixture["search: reward threshold"].ours, mixture["tau: reward threshold"].ours) == (0.4, 1.0)
+    assert mixture["per-prompt cap"].status == "same" and mixture["per-prompt cap"].ours is None
+    retail = {r.setting: r.ours for r in rows if r.run == "oracle_rollouts_retail"}
+    assert int(retail["rollouts"]) * int(retail["prompts per rollout"]) * int(retail["samples per prompt"]) == 19_200
 
 
 def test_a_recipe_that_drifts_from_the_authors_fails_the_table(data):
@@ -117,3 +128,65 @@ def test_the_parity_checks_tis_call_reads_as_no_correction():
     recipe, command = fidelity.compiled("stage2_search.yaml")  # a correction: read as it is
     assert fidelity.our_value("--use-tis", recipe, command) is True
     assert fidelity.our_value("tis.cap", recipe, command) == 2.0
+
+
+# A checkout of WillDreamer/ACLArena beside the repository (`git --git-dir=... archive HEAD | tar -x`), if any.
+AUTHORS_CHECKOUT = fidelity.REPO_ROOT.parent / "shared" / "ACLArena"
+
+
+def _authors_dir(tmp_path):
+    script = tmp_path / "slime" / "examples" / "demo" / "run.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/bash\nROLLOUT_BATCH_SIZE=64\nARGS=(\n   --num-rollout 300\n   --lr 1e-6\n)\n")
+    (tmp_path / "README.md").write_text("# Title\nThe chain ends in Qwen3-8B-Base-Math.\n")
+    return tmp_path
+
+
+def _data(*rows):
+    return {"runs": {"demo": {"recipe": "stage1_math.yaml", "rows": [dict(r) for r in rows]}}}
+
+
+ROLLOUTS = {"setting": "rollouts", "key": "--num-rollout", "authors": 300, "source": "demo/run.sh:4"}
+
+
+def test_a_cited_line_must_hold_the_rows_flag(tmp_path):
+    authors = _authors_dir(tmp_path)
+    assert fidelity.check_citations(authors, _data(ROLLOUTS)) == ([], 1)
+    shifted = {**ROLLOUTS, "source": "demo/run.sh:5"}
+    problems, _ = fidelity.check_citations(authors, _data(shifted))
+    assert problems == ["demo: rollouts (demo/run.sh:5): no cited line holds '--num-rollout'"]
+
+
+def test_a_citation_past_the_end_or_to_a_missing_file_fails(tmp_path):
+    authors = _authors_dir(tmp_path)
+    past = {**ROLLOUTS, "source": "demo/run.sh:4,40"}
+    missing = {**ROLLOUTS, "setting": "gone", "source": "demo/other.sh:4"}
+    problems, _ = fidelity.check_citations(authors, _data(past, missing))
+    assert problems[0] == "demo: rollouts (demo/run.sh:4,40): demo/run.sh has 6 lines, cited [40]"
+    assert problems[1].startswith("demo: gone (demo/other.sh:4): no file demo/other.sh in ")
+
+
+def test_cites_names_what_a_line_holds_when_it_is_not_the_flag(tmp_path):
+    authors = _authors_dir(tmp_path)
+    batch = {"setting": "batch", "key": "--rollout-batch-size", "authors": 64, "source": "demo/run.sh:2",
+             "cites": "ROLLOUT_BATCH_SIZE=64"}  # fmt: skip
+    readme = {"setting": "model", "key": "recipe.model.name", "authors": "x", "source": "README.md:2",
+              "cites": "Qwen3-8B-Base-Math"}  # fmt: skip
+    assert fidelity.check_citations(authors, _data(batch, readme)) == ([], 2)
+    problems, _ = fidelity.check_citations(authors, _data({**readme, "source": "README.md:1"}))
+    assert problems == ["demo: model (README.md:1): no cited line holds 'Qwen3-8B-Base-Math'"]
+
+
+def test_the_check_command_fails_on_a_shifted_citation(tmp_path, monkeypatch, capsys):
+    authors = _authors_dir(tmp_path)
+    monkeypatch.setattr(fidelity, "load_data", lambda path=None: _data({**ROLLOUTS, "source": "demo/run.sh:3"}))
+    monkeypatch.setattr(fidelity, "table", lambda data=None: [])
+    monkeypatch.setattr(fidelity, "render", lambda rows, data=None: fidelity.TABLE.read_text(encoding="utf-8"))
+    assert fidelity.main(["--check", "--authors", str(authors)]) == 1
+    assert "no cited line holds '--num-rollout'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not AUTHORS_CHECKOUT.is_dir(), reason=f"no authors' checkout at {AUTHORS_CHECKOUT}")
+def test_the_table_s_citations_hold_in_the_authors_checkout():
+    problems, checked = fidelity.check_citations(AUTHORS_CHECKOUT)
+    assert not problems and checked > 200, "\n".join(problems)

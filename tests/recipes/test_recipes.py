@@ -99,9 +99,9 @@ def test_each_group_option_composes_into_a_stage(option: Path, tmp_path: Path):
 
 @pytest.mark.parametrize("path", EVAL_SUITES, ids=lambda p: p.stem)
 def test_eval_suites_parse(path: Path):
-    from aclarena_slime.evaluation.suite import load_suite
+    from aclarena_slime.recipes.compiler import load_stage_suite
 
-    assert load_suite(path).datasets
+    assert load_stage_suite(path).datasets
 
 
 def test_stage2_search_has_search_plugins_and_retriever(tmp_path: Path, monkeypatch):

@@ -37,3 +37,24 @@ def test_the_paper_recipe_checks_the_raw_response(tmp_path):
 def test_an_unknown_thinking_rule_is_refused():
     with pytest.raises(ValueError, match="thinking must be one of"):
         IFEvalEnvironment({"thinking": "drop"})
+
+
+async def test_a_long_answer_with_thinking_scores_under_the_paper_settings():
+    """30,000 characters, thinking included, that follow the instruction: 1.0 under stage 4's IF settings (no cap,
+    the authors' rule); the default 20,000-character cap would score it 0."""
+    from aclarena_slime.recipes.compiler import read_stage
+
+    thinking = "<think>" + "I plan the answer step by step. " * 940 + "</think>"
+    response = thinking + "Here is my answer without any commas at all."
+    assert len(response) > 30_000 and "," not in response
+    label = {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}
+    rewards = {}
+    for name, config in (("paper", read_stage("stage4_if", "ifeval").env_config), ("capped", {"thinking": "keep"})):
+        env = IFEvalEnvironment(config)
+        try:
+            episode = await env.start(Task("Answer without commas.", label))
+            await episode.step(response)
+            rewards[name] = (await episode.score()).reward
+        finally:
+            await env.aclose()
+    assert rewards == {"paper": 1.0, "capped": 0.0}

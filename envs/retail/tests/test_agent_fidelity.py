@@ -80,7 +80,10 @@ async def test_a_failing_customer_is_scored_by_the_authors_and_dropped_by_us(rea
     assert theirs.reward_range == (-0.3, 1.0)
 
 
-async def test_a_customer_failing_at_the_greeting_is_scored_too(real_data):
+async def test_a_customer_failing_at_the_greeting_is_removed_as_the_authors_no_op(real_data):
+    """The authors emit a zero-gradient no-op with reward 0.0 (generate_with_tau.py:114-174): nothing of the
+    agent exists yet to train on, so the start aborts (a removed sample) whatever user_failure says."""
+
     class FailsAtOnce(UserSimulator):
         def session(self, scenario: str) -> UserSession:
             failing = _Failing()
@@ -91,9 +94,8 @@ async def test_a_customer_failing_at_the_greeting_is_scored_too(real_data):
     with pytest.raises(EpisodeAborted):
         await RetailEnvironment({"shaping": {}}, user_simulator=FailsAtOnce(), data=data).start(task())
     env = RetailEnvironment({"shaping": {"user_failure": -0.3}}, user_simulator=FailsAtOnce(), data=data)
-    episode = await env.start(task())
-    assert await episode.step("Hello.") == Done("user_failure")
-    assert (await episode.score()).reward == -0.3
+    with pytest.raises(EpisodeAborted):
+        await env.start(task())
 
 
 @pytest.mark.parametrize("name", ["stage3_retail.yaml", "oracle_retail.yaml", "mle_retail.yaml"])
@@ -101,6 +103,7 @@ def test_the_paper_recipes_use_the_authors_agent_rules(name, tmp_path):
     recipe = load_recipe(RECIPES / name, [f"paths.root={tmp_path}"])
     retail = recipe.env_config["retail"]
     assert retail["first_call_only"] is True and retail["shaping"]["user_failure"] == -0.3
+    assert retail["turn_parsing"] == "authors"
 
 
 def test_bad_settings_are_refused(tiny_data):
