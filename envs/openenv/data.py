@@ -1,8 +1,9 @@
 """OpenEnv records: one per episode, the server's ``reset`` arguments in ``metadata.reset``; ``aclarena data prepare openenv``.
 
 An OpenEnv server makes its own tasks at ``reset``; a record only says which episode to ask for (``seed``, which
-the server passes to its env's ``reset`` when that takes one) and, optionally, a prompt that replaces the env's
-``instruction``. The same seed gives the same records.
+the server passes to its env's ``reset`` when that takes one) and names it in its prompt ("Episode 7."), which
+follows the env's ``instruction`` (a record of your own may put the task there instead). Distinct prompts keep
+the local backend's held-out episodes out of training. The same seed gives the same records.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ TAG = "openenv"
 
 def records(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """``n`` records asking for the episodes ``reset(seed=...)`` of seeds derived from ``seed``."""
-    return [{"prompt": "", "label": None, "metadata": {"env": TAG, "index": i, "reset": {"seed": seed * 1_000_003 + i}}}
-            for i in range(n)]  # fmt: skip
+    seeds = [seed * 1_000_003 + i for i in range(n)]
+    return [{"prompt": f"Episode {s}.", "label": None, "metadata": {"env": TAG, "index": i, "reset": {"seed": s}}}
+            for i, s in enumerate(seeds)]  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

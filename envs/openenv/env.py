@@ -12,8 +12,9 @@ last, ``reward: last``) of the step rewards, clamped to ``reward_range``.
 An action the server refuses (its schema's validation error) is an observation the model sees; a server that
 cannot be reached, dies, errs while stepping, or does not answer within ``timeout_s`` aborts the sample with
 the reason (EpisodeAborted: never trained on). The server runs at ``url``, or the stage starts it as a service
-(``recipes/service/openenv.yaml``). No openenv package is needed on this side: the protocol is JSON over a
-WebSocket (aiohttp).
+(``recipes/service/openenv.yaml``), or the env starts it itself on loopback (``serve: module:app``, what the
+local backend does, which starts no services) and stops it in ``aclose``. No openenv package is needed on this
+side: the protocol is JSON over a WebSocket (aiohttp).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -49,6 +56,8 @@ class OpenEnvConfig:
     """The env's settings (recipe ``env_config.openenv``)."""
 
     url: str = ""  # http://host:port of the OpenEnv server
+    serve: str | None = None  # "module:app": the env starts this server itself on loopback (the local backend)
+    serve_timeout_s: float = 120.0
     instruction: str = "You act in an environment. Each of your replies is one action."
     action: str = "text"  # "text": the turn in action_field | "json": the turn is the action object
     action_field: str = "message"
@@ -72,18 +81,20 @@ class OpenEnvEpisode(Episode):
 
     async def begin(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.s.timeout_s))
-        ws_url = re.sub(r"^http", "ws", self.s.url.rstrip("/")) + "/ws"
+        url = await self.env.server_url()
+        ws_url = re.sub(r"^http", "ws", url.rstrip("/")) + "/ws"
         try:
             self.ws = await asyncio.wait_for(self.session.ws_connect(ws_url), self.s.timeout_s)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise EpisodeAborted(f"the OpenEnv server at {self.s.url} cannot be reached: {type(exc).__name__}: {exc}") from exc
+            raise EpisodeAborted(f"the OpenEnv server at {url} cannot be reached: {type(exc).__name__}: {exc}") from exc
         reset = dict(self.task.metadata.get("reset") or {})
         kind, data = await self._call({"type": "reset", "data": reset})
         if kind != "observation":
             raise EpisodeAborted(f"the OpenEnv server refused reset: {_message(data)}")
-        prompt = self.task.prompt if isinstance(self.task.prompt, str) and self.task.prompt else self.s.instruction
+        prompt = self.task.prompt if isinstance(self.task.prompt, str) else ""
         self._observed(data)
-        self.conversation = Conversation([{"role": "user", "content": f"{prompt}\n\n{self._render(data)}".strip()}])
+        text = "\n\n".join(p for p in (self.s.instruction, prompt, self._render(data)) if p)
+        self.conversation = Conversation([{"role": "user", "content": text}])
 
     async def step(self, text: str) -> Observation | Done:
         if self.done:
@@ -168,6 +179,45 @@ class OpenEnvEpisode(Episode):
         return _SURROGATE.sub("\ufffd", text[: self.s.max_observation_chars])
 
 
+class LoopbackServer:
+    """``python -m uvicorn APP`` on a free loopback port, up once it answers ``/health``; its log in a file (a
+    pipe nobody reads fills up and stalls the server)."""
+
+    def __init__(self, app: str, timeout_s: float) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.TemporaryFile()
+        command = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                raise OSError(f"it exited ({self.process.returncode}): {self.log.read().decode(errors='replace')[-1000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise OSError(f"no answer on {self.url}/health within {timeout_s:g} s")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.log.close()
+
+
 def _message(data: Mapping[str, Any]) -> str:
     return str(data.get("message") or data.get("errors") or data)[:300]
 
@@ -180,8 +230,8 @@ class OpenEnvEnvironment(Environment):
         super().__init__(config)
         self.settings = from_mapping(OpenEnvConfig, self.config, "config keys of the openenv env")
         s = self.settings
-        if not s.url.startswith(("http://", "https://")):
-            raise ValueError(f"openenv: url must be the server's http(s)://host:port, got {s.url!r}")
+        if not s.serve and not s.url.startswith(("http://", "https://")):
+            raise ValueError(f"openenv: url must be the server's http(s)://host:port (or serve a module:app), got {s.url!r}")
         if s.action not in ("text", "json") or s.reward not in ("sum", "last"):
             raise ValueError(f"openenv: action must be text or json and reward sum or last, got {s.action!r}, {s.reward!r}")
         low, high = (float(x) for x in s.reward_range)
@@ -189,6 +239,25 @@ class OpenEnvEnvironment(Environment):
             raise ValueError("openenv: reward_range must be [low, high] with low < high, max_turns and timeout_s positive")
         self.reward_range = (low, high)
         self.max_turns = s.max_turns
+        self._server: LoopbackServer | None = None
+        self._serving = asyncio.Lock()
+
+    async def server_url(self) -> str:
+        """``url``, or the loopback server this env starts on first use when ``serve`` names one."""
+        if not self.settings.serve:
+            return self.settings.url
+        async with self._serving:
+            if self._server is None or not self._server.alive():
+                try:
+                    self._server = await asyncio.to_thread(LoopbackServer, self.settings.serve, self.settings.serve_timeout_s)
+                except OSError as exc:
+                    raise EpisodeAborted(f"the OpenEnv server {self.settings.serve} did not start: {exc}") from exc
+            return self._server.url
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+            self._server = None
 
     async def start(self, task: Task) -> OpenEnvEpisode:
         episode = OpenEnvEpisode(self, task)

@@ -129,6 +129,7 @@ async def test_through_the_agent_loop_observations_are_masked(server, tiny_token
     assert traj.messages[2]["content"] in ("Higher.", "Lower.")
 
 
+@pytest.mark.slow
 async def test_a_server_that_is_gone_or_dies_aborts_the_sample(tiny_tokenizer):
     chat = ChatTokens(tiny_tokenizer)
     closed = f"http://127.0.0.1:{free_port()}"
@@ -155,6 +156,21 @@ async def test_conforms_and_survives_hostile_turns(server):
     tasks = [Task(**r) for r in environment.demo_records(2, seed=1)]
     await check_environment(environment, tasks, ["25", "<think>hm</think> 10"])
     await check_hostile_outputs(environment, tasks[:1], examples=10)
+
+
+@pytest.mark.slow
+async def test_an_env_that_serves_its_own_server_starts_and_stops_it():
+    environment = OpenEnvEnvironment({"serve": APP, "observation_field": "feedback"})
+    try:
+        episode = await environment.start(Task(**environment.demo_records(1)[0]))
+        assert "Episode 0." in episode.conversation.messages[0]["content"]
+        assert isinstance(await episode.step("25"), (Observation, Done))
+        await episode.close()
+        server = environment._server
+        assert server is not None and server.alive()
+    finally:
+        await environment.aclose()
+    assert not server.alive()
 
 
 def test_bad_settings_are_refused():
