@@ -8,9 +8,6 @@ import json
 import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ import pytest
 pytest.importorskip("openenv.core.env_server.http_server")
 
 from aclarena_envs.openenv import data  # noqa: E402
-from aclarena_envs.openenv.env import OpenEnvEnvironment  # noqa: E402
+from aclarena_envs.openenv.env import LoopbackServer, OpenEnvEnvironment  # noqa: E402
 from aclarena_slime.agent_loop import ABORTED, COMPLETED, LoopSettings, run_episode  # noqa: E402
 from aclarena_slime.chat_tokens import ChatTokens  # noqa: E402
 from aclarena_slime.local.demos import ScriptedClient  # noqa: E402
@@ -36,28 +33,9 @@ def free_port() -> int:
 
 
 def serve() -> tuple[subprocess.Popen, str]:
-    """The example OpenEnv server on a free loopback port, once it answers /health (its log in a file: a pipe
-    nobody reads fills up and stalls the server)."""
-    port = free_port()
-    log = tempfile.TemporaryFile()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", APP, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"the OpenEnv server exited: {log.read().decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
-                if json.loads(reply.read())["status"] == "healthy":
-                    return process, url
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the OpenEnv server did not answer /health within 90 s")
+    """The example OpenEnv server on a free loopback port, once it answers /health."""
+    server = LoopbackServer(APP, 90.0)
+    return server.process, server.url
 
 
 def stop(process: subprocess.Popen) -> None:
