@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aclarena_slime.jsonl import write_jsonl_atomic
 
 TAG = "verifiers"
+EXTRA = "pip install -e '.[verifiers]'"
+
+
+def load(env_id: str, env_args: Mapping[str, Any]) -> Any:
+    """``verifiers.load_environment``: the env module's ``load_environment(**env_args)``."""
+    try:
+        import verifiers
+    except ImportError as exc:
+        raise ImportError(f"the verifiers env needs the verifiers package: {EXTRA}") from exc
+    return verifiers.load_environment(env_id, **dict(env_args))
 
 
 def _plain(message: Any) -> dict[str, Any]:
@@ -44,8 +55,6 @@ def records(vf_env: Any, n: int, seed: int = 0, split: str = "train") -> list[di
 
 def main(argv: list[str]) -> int:
     """``aclarena data prepare verifiers --env-id MODULE --output FILE [--env-args JSON] [--n N] [--seed S] [--split train|eval]``."""
-    from aclarena_envs.verifiers.env import load
-
     parser = argparse.ArgumentParser(prog="aclarena data prepare verifiers", description=main.__doc__)
     parser.add_argument("--env-id", required=True, help="the installed env module (its load_environment builds the env)")
     parser.add_argument("--env-args", type=json.loads, default={}, help="load_environment's keyword arguments, as JSON")

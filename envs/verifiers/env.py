@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from aclarena_envs.verifiers.data import TAG, load, records
 from aclarena_slime.plugin.contract import (
     Conversation,
     Done,
@@ -38,8 +39,6 @@ from aclarena_slime.plugin.contract import (
 )
 from aclarena_slime.plugin.settings import from_mapping
 
-TAG = "verifiers"
-EXTRA = "pip install -e '.[verifiers]'"
 MODEL = "aclarena"  # the model name verifiers records; the engine is ours
 
 # The rubric's reward functions that raised during this task's scoring (verifiers logs them and counts 0).
@@ -68,15 +67,6 @@ class VerifiersConfig:
     max_turns: int | None = None
     timeout_s: float = 60.0  # the env's answer to a turn (its tools) and the rubric, each
     reward_range: tuple[float, float] = (0.0, 1.0)
-
-
-def load(env_id: str, env_args: Mapping[str, Any]) -> Any:
-    """``verifiers.load_environment``: the env module's ``load_environment(**env_args)``."""
-    try:
-        import verifiers
-    except ImportError as exc:
-        raise ImportError(f"the verifiers env needs the verifiers package: {EXTRA}") from exc
-    return verifiers.load_environment(env_id, **dict(env_args))
 
 
 def as_dict(message: Any) -> dict[str, Any]:
@@ -260,6 +250,4 @@ class VerifiersEnvironment(Environment):
         return episode
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        from aclarena_envs.verifiers.data import records
-
         return records(self.vf_env, n, seed)
