@@ -127,6 +127,9 @@ class VerifiersEpisode(Episode):
             self._rollout_error(raise_it=True)
             return Done(str(self.rollout.result().get("stop_condition") or "done"))
         prompt, _ = request
+        if prompt[: len(self.prompt)] != self.prompt or len(prompt) <= len(self.prompt):
+            raise EpisodeAborted("the verifiers env rewrote the conversation's history; a token-in/token-out episode "
+                                 "only grows, so it cannot follow")  # fmt: skip
         appended = prompt[len(self.prompt) + 1 :]  # after the previous prompt and the model's turn
         self.prompt = prompt
         return Observation([self._observed(m) for m in appended])

@@ -57,6 +57,11 @@ async def slow(seconds: float) -> str:
 class Countdown(vf.MultiTurnEnv):
     """The user asks for the answer again until it is right (a MultiTurnEnv with its own env_response)."""
 
+    async def get_prompt_messages(self, state):
+        if state.get("forget") and state["trajectory"]:  # an env that rewrites the history: only the question again
+            return list(state["prompt"])
+        return await super().get_prompt_messages(state)
+
     async def env_response(self, messages, state, **kwargs):
         if state.get("crash"):
             raise RuntimeError("env_response crashed")
@@ -68,7 +73,7 @@ class Countdown(vf.MultiTurnEnv):
         return bool(trajectory) and str(trajectory[-1]["completion"][-1].content or "").strip() == state["answer"]
 
 
-def load_environment(kind: str = "single", broken_rubric: bool = False, crash: bool = False):
+def load_environment(kind: str = "single", broken_rubric: bool = False, crash: bool = False, forget: bool = False):
     def broken(completion, answer, **_) -> float:
         raise ValueError("the rubric broke")
 
@@ -79,9 +84,9 @@ def load_environment(kind: str = "single", broken_rubric: bool = False, crash: b
     if kind == "tool":
         return vf.ToolEnv(dataset=dataset, tools=[add, slow], max_turns=3, rubric=rubric, system_prompt="Use the tools.")
     env = Countdown(dataset=dataset, max_turns=3, rubric=rubric)
-    if crash:
+    if crash or forget:
         async def setup_state(state):
-            state["crash"] = True
+            state["crash"], state["forget"] = crash, forget
             return state
 
         env.setup_state = setup_state
@@ -234,6 +239,10 @@ async def test_an_env_that_raises_or_hangs_aborts_the_sample_with_the_reason(cha
     task = tasks(environment, 1)[0]
     traj = await run_episode(environment, task, RecordingEngine(chat, ["wrong", "wrong"]), chat, {}, LoopSettings(max_response_tokens=64))
     assert traj.status == ABORTED and "env_response crashed" in traj.error
+
+    environment = env("multi", env_args={"forget": True})
+    traj = await run_episode(environment, task, RecordingEngine(chat, ["wrong", "wrong"]), chat, {}, LoopSettings(max_response_tokens=64))
+    assert traj.status == ABORTED and "rewrote the conversation's history" in traj.error
 
     environment = env("tool", timeout_s=0.3)
     calls = ['<tool_call>{"name": "slow", "arguments": {"seconds": 1.0}}</tool_call>']
