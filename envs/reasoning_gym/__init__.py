@@ -1,0 +1,1 @@
+"""reasoning-gym tasks as a single-turn env (the ``reasoning-gym`` extra: ``pip install -e '.[reasoning-gym]'``)."""

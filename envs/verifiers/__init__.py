@@ -1,0 +1,1 @@
+"""verifiers environments as aclarena envs (the ``verifiers`` extra: ``pip install -e '.[verifiers]'``)."""
