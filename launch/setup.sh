@@ -45,7 +45,8 @@ install() {  # $1: the virtualenv to install into
   "$1/bin/python" -m pip install --quiet "torch==2.13.0"
   # transformers pinned too: it builds the tiny model, and the benchmarks' figures (docs/benchmarks.md) were
   # measured with this release; the package itself accepts any from 4.51 (pyproject.toml, slime's image).
-  "$1/bin/python" -m pip install --quiet -e ".[dev]" "transformers==5.24.0"
+  # The env bridges' libraries too (reasoning-gym, verifiers, openenv-core: ~90 s), so their tests run for real.
+  "$1/bin/python" -m pip install --quiet -e ".[dev,reasoning-gym,verifiers,openenv]" "transformers==5.24.0"
 }
 
 if [ -x "$venv/bin/python" ]; then
