@@ -331,8 +331,10 @@ def compare(gold: str, pred: str) -> bool | None:
         return None
     # math-verify reads an increasing (a,b) or [a,b] as an interval, a decreasing [a,b] as the empty
     # set (so two of those are equal) and a decreasing (a,b) as a tuple: pairs differ when both are
-    # real intervals or both are written (a,b) (compared in order either way)
+    # real intervals or both are written (a,b) (compared in order either way). A decreasing pair with an
+    # infinite end had its bracket rewritten above ("(1,-\infty]" reads "()" here), so math-verify decides it
     if len(gold_values) == 2:
         both_intervals = _increasing(gold_values) and _increasing(pred_values)
-        return False if both_intervals or gold_brackets == pred_brackets == "()" else None
+        infinite = any(INFINITY in v for v in gold_values + pred_values)
+        return False if both_intervals or (gold_brackets == pred_brackets == "()" and not infinite) else None
     return False

@@ -49,9 +49,10 @@ def test_an_interrupted_stage_stops_its_ray_job(tmp_path: Path, monkeypatch):
     assert lines[-1] == f"job stop {dashboard} {submission}"
 
 
-def test_a_job_that_ends_is_not_stopped(tmp_path: Path, monkeypatch):
-    calls: list[list[str]] = []
-    monkeypatch.setattr(ray_job, "submit", lambda argv: calls.append(list(argv)) or 0)
-    monkeypatch.setattr(ray_job.subprocess, "run", lambda *a, **k: pytest.fail(f"nothing else runs: {a}"))
-    assert ray_job.submit_or_stop(["ray", "job", "submit", "--address=http://127.0.0.1:8265", "--", "python"]) == 0
-    assert calls[0][:3] == ["ray", "job", "submit"] and calls[0][3].startswith("--submission-id=aclarena-")
+def test_a_job_that_ends_is_not_stopped(monkeypatch):
+    calls: list[tuple[list[str], str | None]] = []
+    monkeypatch.setattr(ray_job, "submit", lambda argv, submission=None: calls.append((list(argv), submission)) or 0)
+    monkeypatch.setattr(ray_job, "stop_job", lambda *a, **k: pytest.fail(f"nothing is stopped: {a}"))
+    argv = ["ray", "job", "submit", "--address=http://127.0.0.1:8265", "--", "python"]
+    assert stage.submit_watched(argv, "http://127.0.0.1:8265", "s1", []) == (0, None)
+    assert calls[0][0] == argv and calls[0][1].startswith("aclarena-s1-")

@@ -172,5 +172,5 @@ def test_a_slime_stage_compiles_with_the_server_as_its_service(tmp_path, capsys)
 
     assert main([str(REPO / "recipes" / "openenv.yaml"), "--dry-run", "backend=slime", f"paths.root={tmp_path}"]) == 0
     out = capsys.readouterr().out
-    assert f"# service openenv at http://127.0.0.1:8010: {sys.executable} -m uvicorn {APP}" in out
+    assert f"# service openenv at http://127.0.0.1:8010 (watched, at most 2 restarts): {sys.executable} -m uvicorn {APP}" in out
     assert '"url": "http://127.0.0.1:8010"' in out
