@@ -119,7 +119,7 @@ def plan_stages(spec: StagesFrom, curriculum_folder: Path) -> list[dict[str, Any
         raise RecipeError(f"cannot load the plan {spec.plan!r}: {exc}") from exc
     try:
         return plan(domains, dict(spec.options))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:
         raise RecipeError(f"plan {spec.plan}: {exc}") from exc
 
 
@@ -156,7 +156,7 @@ def chain(domains: Sequence[Domain], options: Mapping[str, Any]) -> list[dict[st
     ``options``: ``prefix`` (required); ``warm_starts`` (default false: the RL stages only; true: each warm start
     before its stage, as ``<prefix>_<name>_sft`` with the domain's ``smoke_warm_start`` overrides); ``experts``
     (the tags whose stage serves as an expert)."""
-    _no_options("chain", options, {"prefix", "warm_starts", "experts"})
+    _no_options("chain", options, {"prefix", "warm_starts", "experts"}, ("prefix",))
     prefix, experts = str(options["prefix"]), set(options.get("experts") or ())
     out = []
     for d in domains:
@@ -187,7 +187,7 @@ def oracle_name(domain: Domain) -> str:
 def mle(domains: Sequence[Domain], options: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Mixture of LoRA experts: ``options.backbone`` (a recipe, relative to the curriculum file) first, then one
     expert per domain on it, routed by the domain's tag."""
-    _no_options("mle", options, {"backbone"})
+    _no_options("mle", options, {"backbone"}, ("backbone",))
     out = [_stage("sdft_backbone", str(options["backbone"]))]
     for d in domains:
         own = () if d.mle else (LORA,)
@@ -198,7 +198,7 @@ def mle(domains: Sequence[Domain], options: Mapping[str, Any]) -> list[dict[str,
 def sdft_data(domains: Sequence[Domain], options: Mapping[str, Any]) -> list[dict[str, Any]]:
     """SDFT steps 2 and 3: each oracle (the oracles curriculum's outputs under ``options.oracles``) rolls out
     with nothing trained, then ``options.backbone`` trains on every domain's good episodes, domain-tagged."""
-    _no_options("sdft_data", options, {"oracles", "backbone"})
+    _no_options("sdft_data", options, {"oracles", "backbone"}, ("oracles", "backbone"))
     runs = f"{str(options['oracles']).rstrip('/')}/runs"
     out, dumps, thresholds = [], {}, {}
     for d in domains:
@@ -212,7 +212,10 @@ def sdft_data(domains: Sequence[Domain], options: Mapping[str, Any]) -> list[dic
     return [*out, {**backbone, "distill": {"dumps": dumps, "thresholds": thresholds}}]
 
 
-def _no_options(plan: str, options: Mapping[str, Any], known: set[str]) -> None:
+def _no_options(plan: str, options: Mapping[str, Any], known: set[str], required: tuple[str, ...] = ()) -> None:
+    absent = [key for key in required if options.get(key) is None]
+    if absent:
+        raise ValueError(f"{plan}: options.{absent[0]} is required")
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"{plan}: unknown option(s) {unknown}; known: {sorted(known) or 'none'}")

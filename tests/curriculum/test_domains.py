@@ -9,7 +9,9 @@ mix must compose the same held-out sets.
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,9 @@ from omegaconf import OmegaConf
 
 from aclarena_slime.curriculum.config import load_curriculum
 from aclarena_slime.curriculum.runner import stage_recipe
+from aclarena_slime.evaluation.suite import SuiteError, load_suite
 from aclarena_slime.recipes.compiler import load_stage_suite
-from aclarena_slime.recipes.compose import load_recipe
+from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -66,3 +69,126 @@ def test_the_parallel_mle_mix_holds_out_what_its_hand_written_copy_held_out(tmp_
     recipe = load_recipe(RECIPES / "mle_parallel.yaml", [f"paths.root={tmp_path}"])
     data = recipe.paths.data
     assert recipe.data.eval_prompt_data == {k: v.replace("${paths.data}", data) for k, v in today.items()}
+
+
+FIFTH = """
+  - tag: reasoning_gym
+    stage: ../../reasoning_gym.yaml
+    eval:
+      reasoning_gym: {env: reasoning_gym, stage: reasoning_gym, path: reasoning_gym/test.jsonl}
+"""
+
+
+@pytest.fixture(scope="module")
+def five_domains(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of recipes/ whose domain list has a fifth entry (the reasoning-gym stage already on main), and no
+    other file changed."""
+    root = tmp_path_factory.mktemp("five") / "recipes"
+    shutil.copytree(RECIPES, root)
+    with (root / "curriculum" / "domains" / "paper.yaml").open("a") as out:
+        out.write(FIFTH)
+    changed = [p.relative_to(root) for p in root.rglob("*") if p.is_file() and not filecmp.cmp(p, RECIPES / p.relative_to(root), shallow=False)]
+    assert changed == [Path("curriculum/domains/paper.yaml")]
+    return root
+
+
+# name: (stages with four domains, the stage the fifth domain adds)
+FIFTH_STAGES = {
+    "sequential": (6, "reasoning_gym"),
+    "replay": (4, "replay_reasoning_gym"),
+    "kl_anchor": (4, "anchor_reasoning_gym"),
+    "oracles": (6, "oracle_reasoning_gym"),
+    "mle": (5, "mle_reasoning_gym"),
+    "sdft_data": (5, "oracle_rollouts_reasoning_gym"),
+    "local_smoke": (6, "smoke_reasoning_gym"),
+}
+
+
+@pytest.mark.parametrize("name", PAPER_CURRICULA)
+def test_a_fifth_domain_entry_joins_every_paper_curriculum(name: str, five_domains: Path, tmp_path: Path):
+    four = load_curriculum(RECIPES / "curriculum" / f"{name}.yaml", [f"output_dir={tmp_path}"])
+    file = five_domains / "curriculum" / f"{name}.yaml"
+    five = load_curriculum(file, [f"output_dir={tmp_path}"])
+    count, added = FIFTH_STAGES[name]
+    assert (len(four.stages), len(five.stages)) == (count, count + 1)
+    assert added in [s.name for s in five.stages] and added not in [s.name for s in four.stages]
+    entry = next(s for s in five.stages if s.name == added)
+    recipe = stage_recipe(five, file, entry, None)  # the role's overrides compose onto the stage recipe
+    assert (recipe.name, recipe.data.env) == (added, "reasoning_gym")
+    if name == "mle":
+        assert (entry.expert, entry.start, recipe.lora.enabled) == ("reasoning_gym", "sdft_backbone", True)
+    if name == "oracles":
+        assert entry.start == "recipe" and recipe.checkpoint.load == recipe.model.torch_dist
+    if name == "sdft_data":
+        assert recipe.extra["debug_rollout_only"] is True
+        assert recipe.extra["save_debug_rollout_data"].endswith(f"/{added}/dump/rollout_data/{{rollout_id}}.pt")
+        assert recipe.checkpoint.load == "/data/aclarena/curricula/oracles/runs/oracle_reasoning_gym/checkpoint"
+
+
+def test_a_fifth_domain_entry_joins_the_sdft_mixture(five_domains: Path, tmp_path: Path):
+    """The SDFT backbone distills five domains' dumps, each at its threshold (the entry's default, 1.0)."""
+    backbone = load_curriculum(five_domains / "curriculum" / "sdft_data.yaml", [f"output_dir={tmp_path}"]).stages[-1]
+    assert backbone.distill.dumps == {"math": "oracle_rollouts_math", "search": "oracle_rollouts_search",
+                                      "retail": "oracle_rollouts_retail", "ifeval": "oracle_rollouts_if",
+                                      "reasoning_gym": "oracle_rollouts_reasoning_gym"}  # fmt: skip
+    assert backbone.distill.thresholds == {"math": 1.0, "search": 0.4, "retail": 1.0, "ifeval": 1.0, "reasoning_gym": 1.0}
+
+
+def test_a_fifth_domain_entry_joins_the_paper_suite(five_domains: Path):
+    four = load_stage_suite(RECIPES / "eval" / "paper.yaml")
+    five = load_stage_suite(five_domains / "eval" / "paper.yaml")
+    assert [d.env for d in five.datasets] == [*[d.env for d in four.datasets], "reasoning_gym"]
+    assert len({d.env for d in five.datasets}) == 5
+    added = five.datasets[-1]
+    assert (added.name, added.stage, added.path) == ("reasoning_gym", "reasoning_gym", "reasoning_gym/test.jsonl")
+    assert added.max_response_len == 1024  # from the stage it reproduces (recipes/reasoning_gym.yaml)
+
+
+def _curriculum(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "domains").mkdir(exist_ok=True)
+    file = tmp_path / "c.yaml"
+    file.write_text(f"name: c\noutput_dir: {tmp_path / 'out'}\n{body}")
+    return file
+
+
+def _domains(tmp_path: Path, text: str) -> None:
+    (tmp_path / "domains").mkdir(exist_ok=True)
+    (tmp_path / "domains" / "list.yaml").write_text(text)
+
+
+PLAN = "aclarena_slime.curriculum.domains"
+
+
+@pytest.mark.parametrize(
+    ("body", "domains", "message"),
+    [
+        (f"stages: [{{name: a, recipe: {RECIPES}/stage1_math.yaml}}]\n"
+         f"stages_from: {{domains: domains/list.yaml, plan: {PLAN}.sequential}}\n", None, "stages or stages_from"),
+        (f"stages_from: {{domains: domains/list.yaml, plan: {PLAN}.chain, options: {{prefix: x, typo: 1}}}}\n",
+         None, r"unknown option\(s\) \['typo'\]"),
+        (f"stages_from: {{domains: domains/list.yaml, plan: {PLAN}.chain}}\n", None, "chain: options.prefix is required"),
+        (f"stages_from: {{domains: domains/list.yaml, plan: {PLAN}.nothing}}\n", None, "cannot load the plan"),
+        (f"stages_from: {{domains: domains/list.yaml, plan: {PLAN}.sequential}}\n",
+         f"domains: [{{tag: math, stage: {RECIPES}/stage1_math.yaml}}, {{tag: math, name: m2, stage: x.yaml}}]\n",
+         "every domain needs its own tag"),
+        (f"stages_from: {{domains: domains/list.yaml, plan: {PLAN}.sequential}}\n", "domains: [{tag: math}]\n",
+         r"no value: domains\[0\]\.stage"),
+        (f"stages_from: {{domains: domains/missing.yaml, plan: {PLAN}.sequential}}\n", None, "missing.yaml"),
+    ],  # fmt: skip
+    ids=["both", "unknown-option", "missing-option", "unknown-plan", "repeated-tag", "no-stage", "no-list"],
+)
+def test_a_bad_domain_list_or_plan_is_refused_with_the_reason(tmp_path: Path, body: str, domains, message: str):
+    _domains(tmp_path, domains or f"domains: [{{tag: math, stage: {RECIPES}/stage1_math.yaml}}]\n")
+    with pytest.raises(RecipeError, match=message):
+        load_curriculum(_curriculum(tmp_path, body))
+
+
+def test_a_suite_takes_datasets_or_datasets_from_and_no_dataset_twice(tmp_path: Path):
+    _domains(tmp_path, "domains: [{tag: a, eval: {x: {env: math, demo: 2}}}, {tag: b, eval: {x: {env: ifeval, demo: 2}}}]\n")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("datasets_from: domains/list.yaml\ndatasets: {y: {env: math, demo: 1}}\n")
+    with pytest.raises(SuiteError, match="datasets or datasets_from"):
+        load_suite(suite)
+    suite.write_text("datasets_from: domains/list.yaml\n")
+    with pytest.raises(SuiteError, match=r"domain 'b' repeats the dataset\(s\) \['x'\]"):
+        load_suite(suite)
