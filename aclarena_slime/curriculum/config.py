@@ -10,10 +10,10 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aclarena_slime.curriculum.distill_step import DistillStep
-from aclarena_slime.curriculum.domains import StagesFrom, plan_stages
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.evaluation.monitor import MonitorError, MonitorSettings
 from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.recipes.domains import StagesFrom, plan_stages
 
 STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says
 
@@ -64,7 +64,7 @@ class CurriculumConfig:
     overrides: list[str] = field(default_factory=list)  # applied to every stage (e.g. paths.root=..., cluster=...)
     base: str | None = None  # name of the base model row (for FWT), informational
     stages: list[StageEntry] = field(default_factory=list)
-    stages_from: StagesFrom | None = None  # the stages made from a domain list instead (curriculum/domains.py)
+    stages_from: StagesFrom | None = None  # the stages made from a domain list instead (recipes/domains.py)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)  # forgetting checks inside each stage
     replay: ReplaySettings = field(default_factory=ReplaySettings)  # the replay baseline's data mixture

@@ -156,7 +156,7 @@ def _domains(tmp_path: Path, text: str) -> None:
     (tmp_path / "domains" / "list.yaml").write_text(text)
 
 
-PLAN = "aclarena_slime.curriculum.domains"
+PLAN = "aclarena_slime.recipes.domains"
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ class StagesFrom:
     """A curriculum's stages made from a domain list by a plan."""
 
     domains: str = MISSING  # the list, relative to the curriculum file's folder (or absolute)
-    plan: str = MISSING  # dotted path of the plan function (aclarena_slime.curriculum.domains.sequential)
+    plan: str = MISSING  # dotted path of the plan function (aclarena_slime.recipes.domains.sequential)
     options: dict[str, Any] = field(default_factory=dict)
 
 
