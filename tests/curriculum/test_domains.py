@@ -22,6 +22,7 @@ from aclarena_slime.curriculum.runner import stage_recipe
 from aclarena_slime.evaluation.suite import SuiteError, load_suite
 from aclarena_slime.recipes.compiler import load_stage_suite
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
+from aclarena_slime.recipes.domains import ROLE_RECIPES, load_domains
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -192,3 +193,14 @@ def test_a_suite_takes_datasets_or_datasets_from_and_no_dataset_twice(tmp_path: 
     suite.write_text("datasets_from: domains/list.yaml\n")
     with pytest.raises(SuiteError, match=r"domain 'b' repeats the dataset\(s\) \['x'\]"):
         load_suite(suite)
+
+
+@pytest.mark.parametrize("path", sorted((RECIPES / "curriculum" / "domains").glob("*.yaml")), ids=lambda p: p.stem)
+def test_each_shipped_domain_list_names_recipes_that_exist(path: Path):
+    domains = load_domains(path)
+    assert [d.tag for d in domains] == ["math", "search", "retail", "ifeval"]
+    for domain in domains:
+        for role in ROLE_RECIPES:
+            recipe = getattr(domain, role)
+            assert recipe is None or Path(recipe).is_file(), f"{domain.tag}.{role}: {recipe}"
+        assert domain.eval and all(entry["env"] == domain.tag for entry in domain.eval.values())
