@@ -54,6 +54,7 @@ class Domain:
     sdft_threshold: float = 1.0  # the reward a rollout needs to join the SDFT mixture
     smoke_warm_start: list[str] = field(default_factory=list)  # its warm start's overrides in the local smoke
     eval: dict[str, Any] = field(default_factory=dict)  # its datasets in the paper suite (name -> entry)
+    held_out: dict[str, str] = field(default_factory=dict)  # its sets in a mixed stage's evaluation, under paths.data
 
     def __post_init__(self) -> None:
         self.name = self.name or self.tag

@@ -69,12 +69,14 @@ def test_the_parallel_mle_mix_holds_out_what_its_hand_written_copy_held_out(tmp_
     today = OmegaConf.to_container(OmegaConf.load(TODAY / "mle_parallel_mix.yaml").eval_prompt_data)
     recipe = load_recipe(RECIPES / "mle_parallel.yaml", [f"paths.root={tmp_path}"])
     data = recipe.paths.data
-    assert recipe.data.eval_prompt_data == {k: v.replace("${paths.data}", data) for k, v in today.items()}
+    expected = [(k, v.replace("${paths.data}", data)) for k, v in today.items()]
+    assert list(recipe.data.eval_prompt_data.items()) == expected  # in order: slime's --eval-prompt-data pairs
 
 
 FIFTH = """
   - tag: reasoning_gym
     stage: ../../reasoning_gym.yaml
+    held_out: {reasoning_gym: reasoning_gym/test.jsonl}
     eval:
       reasoning_gym: {env: reasoning_gym, stage: reasoning_gym, path: reasoning_gym/test.jsonl}
 """
@@ -133,6 +135,22 @@ def test_a_fifth_domain_entry_joins_the_sdft_mixture(five_domains: Path, tmp_pat
                                       "retail": "oracle_rollouts_retail", "ifeval": "oracle_rollouts_if",
                                       "reasoning_gym": "oracle_rollouts_reasoning_gym"}  # fmt: skip
     assert backbone.distill.thresholds == {"math": 1.0, "search": 0.4, "retail": 1.0, "ifeval": 1.0, "reasoning_gym": 1.0}
+
+
+def test_a_fifth_domain_entry_joins_the_parallel_mle_mix(five_domains: Path, tmp_path: Path):
+    """The parallel-MLE stage evaluates five held-out sets, one per domain, the fifth the entry's."""
+    four, five = (load_recipe(root / "mle_parallel.yaml", [f"paths.root={tmp_path}"]) for root in (RECIPES, five_domains))
+    assert list(five.data.eval_prompt_data) == [*four.data.eval_prompt_data, "reasoning_gym"]
+    assert five.data.eval_prompt_data["reasoning_gym"] == f"{tmp_path}/data/reasoning_gym/test.jsonl"
+
+
+def test_a_mix_naming_a_held_out_set_twice_is_refused(tmp_path: Path):
+    root = tmp_path / "recipes"
+    shutil.copytree(RECIPES, root)
+    with (root / "curriculum" / "domains" / "paper.yaml").open("a") as out:
+        out.write(FIFTH.replace("{reasoning_gym: reasoning_gym/test.jsonl}", "{ifeval: reasoning_gym/test.jsonl}"))
+    with pytest.raises(RecipeError, match="the held-out set 'ifeval' is named twice"):
+        load_recipe(root / "mle_parallel.yaml", [f"paths.root={tmp_path}"])
 
 
 def test_a_fifth_domain_entry_joins_the_paper_suite(five_domains: Path):
