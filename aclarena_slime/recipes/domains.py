@@ -5,8 +5,9 @@ env tag, its stage recipe(s) for each role (the chain's RL stage and warm start,
 oracle's rollout-only run for the SDFT data), its SDFT threshold and its datasets in the paper suite. A
 curriculum file says ``stages_from: {domains: FILE, plan: DOTTED.PATH, options: {...}}`` instead of listing
 stages; the plan (a function here, or one of your own, as the arena's methods) turns the list into the stage
-entries. A new domain is its stage recipe plus one entry: every paper curriculum, the SDFT mixture and the
-paper suite (``datasets_from``) then have it. A role without a recipe of its own runs the domain's stage recipe
+entries. A new domain is its stage recipe plus one entry: every paper curriculum, the SDFT mixture, the paper
+suite (``datasets_from``) and the parallel-MLE mix's evaluation (``held_out``, :func:`.compose.held_out`) then
+have it (``docs/curricula.md``). A role without a recipe of its own runs the domain's stage recipe
 with the role's overrides (from the base, LoRA on, rollout only).
 
 Stage names: a role's own recipe names its stage (its file's stem, as the authors' run folders); otherwise
