@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -12,6 +13,7 @@ from aclarena_slime.curriculum.distill_step import DistillStep
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.evaluation.monitor import MonitorError, MonitorSettings
 from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.recipes.domains import StagesFrom, plan_stages
 
 STARTS = ("previous", "recipe")  # "previous": the stage before's output; "recipe": whatever the recipe says
 
@@ -62,6 +64,7 @@ class CurriculumConfig:
     overrides: list[str] = field(default_factory=list)  # applied to every stage (e.g. paths.root=..., cluster=...)
     base: str | None = None  # name of the base model row (for FWT), informational
     stages: list[StageEntry] = field(default_factory=list)
+    stages_from: StagesFrom | None = None  # the stages made from a domain list instead (recipes/domains.py)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)  # forgetting checks inside each stage
     replay: ReplaySettings = field(default_factory=ReplaySettings)  # the replay baseline's data mixture
@@ -87,10 +90,23 @@ def load_curriculum(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         raise RecipeError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
     except (MonitorError, ValueError) as exc:
         raise RecipeError(f"{path}: {exc}") from exc
+    if config.stages_from is not None:
+        if config.stages:
+            raise RecipeError(f"{path}: give stages or stages_from, not both")
+        try:
+            config.stages = [stage_entry(s) for s in plan_stages(config.stages_from, path.resolve().parent)]
+        except (TypeError, ValueError) as exc:  # a plan's entry the schema refuses (DistillStep's checks)
+            raise RecipeError(f"{path}: stages_from: {exc}") from exc
     check(config, str(path))
     if config.monitor.suite:  # relative to the curriculum file, like the stage recipes
         config.monitor.suite = str((path.resolve().parent / config.monitor.suite).resolve())
     return config
+
+
+def stage_entry(made: dict[str, Any]) -> StageEntry:
+    """A plan's stage entry as the file would give it (its overrides kept verbatim: Hydra resolves them)."""
+    distill = made.get("distill")
+    return StageEntry(**{**made, "distill": DistillStep(**distill) if distill is not None else None})
 
 
 def check(config: CurriculumConfig, source: str) -> None:

@@ -29,6 +29,9 @@ Machine-specific values (a retriever URL, a data folder, the user simulator) are
 ``path`` and ``env_config``; the command line fills them (``aclarena eval run SUITE --service
 retriever_url=http://...``), so one suite serves every machine. A dataset whose services are still
 unset refuses to run and names the flag.
+
+``datasets_from: FILE`` (instead of ``datasets``) takes the datasets from a domain list, each domain's ``eval``
+entries (``recipes/eval/paper.yaml`` from ``recipes/curriculum/domains/paper.yaml``).
 """
 
 from __future__ import annotations
@@ -228,7 +231,31 @@ def load_suite(
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise SuiteError(f"cannot read eval suite {path}: {exc}") from exc
+    if isinstance(data, dict) and "datasets_from" in data:
+        data = {**data, "datasets": domain_datasets(path, data)}
+        del data["datasets_from"]
     return parse_suite(data, str(path), services, stages)
+
+
+def domain_datasets(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The datasets of a suite's ``datasets_from``: a domain list (recipes/curriculum/domains/paper.yaml, relative
+    to the suite's folder), each domain's ``eval`` entries in the list's order, so a domain joins the suite with
+    its entry in the list."""
+    if data.get("datasets"):
+        raise SuiteError(f"{path}: give datasets or datasets_from, not both")
+    source = path.resolve().parent / str(data["datasets_from"])
+    try:
+        domains = yaml.safe_load(source.read_text())["domains"]
+        entries = [(d["tag"], d.get("eval") or {}) for d in domains]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+        raise SuiteError(f"{path}: datasets_from {source}: not a domain list with tagged domains ({exc})") from exc
+    out: dict[str, Any] = {}
+    for tag, own in entries:
+        repeated = sorted(set(own) & set(out))
+        if repeated:
+            raise SuiteError(f"{path}: domain {tag!r} repeats the dataset(s) {repeated} of an earlier domain")
+        out.update(own)
+    return out
 
 
 def _bind_stage(dataset: EvalDataset, stages: StageReader | None, where: str) -> EvalDataset:

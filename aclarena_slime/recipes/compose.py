@@ -13,8 +13,10 @@ command-line overrides, so the profile wins over the recipe and the command line
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -26,6 +28,33 @@ GROUPS = ("paths", "model", "cluster", "algorithm", "lora", "data", "env", "serv
 
 class RecipeError(ValueError):
     """A recipe that cannot be composed or validated; the message names the file and the key."""
+
+
+_ROOT: ContextVar[Path | None] = ContextVar("recipes_root", default=None)  # the recipe being resolved's folder
+
+
+def held_out(domain_list: str, data: str) -> dict[str, str]:
+    """``${aclarena.held_out:LIST,${paths.data}}``: every domain's ``held_out`` sets in a domain list (relative to
+    the recipes folder, e.g. ``curriculum/domains/paper.yaml``), by name, under ``data``: a mixed stage's
+    per-domain evaluation (the parallel-MLE mix), so a domain joins it with its entry in the list."""
+    root = _ROOT.get()
+    if root is None:
+        raise ValueError("aclarena.held_out resolves inside a stage recipe's composition only")
+    path = root / domain_list
+    out: dict[str, str] = {}
+    try:
+        domains = yaml.safe_load(path.read_text())["domains"]
+        sets = [(name, file) for d in domains for name, file in (d.get("held_out") or {}).items()]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"aclarena.held_out: {path}: not a domain list ({exc})") from exc
+    for name, file in sets:
+        if name in out:
+            raise ValueError(f"aclarena.held_out: {path}: the held-out set {name!r} is named twice")
+        out[name] = f"{data}/{file}"
+    return out
+
+
+OmegaConf.register_new_resolver("aclarena.held_out", held_out, replace=True)
 
 
 def recipes_root(recipe: Path) -> Path:
@@ -98,7 +127,11 @@ def load_recipe(
     """Compose, type-check and resolve a stage recipe (``adjust``: see :func:`compose_config`); every error
     names the offending key."""
     composed = compose_config(recipe, overrides, adjust)
-    return to_recipe(composed, str(recipe))
+    token = _ROOT.set(recipes_root(Path(recipe)))
+    try:
+        return to_recipe(composed, str(recipe))
+    finally:
+        _ROOT.reset(token)
 
 
 def to_recipe(composed: DictConfig, source: str = "<recipe>") -> StageRecipe:

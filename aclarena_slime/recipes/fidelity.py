@@ -43,6 +43,7 @@ import yaml
 
 from aclarena_slime.recipes.compiler import REPO_ROOT, SlimeCommand, compile_recipe
 from aclarena_slime.recipes.compose import load_recipe
+from aclarena_slime.recipes.domains import StagesFrom, plan_stages
 from aclarena_slime.recipes.schema import StageRecipe
 from aclarena_slime.slime_edge import path as hook_path
 
@@ -166,7 +167,9 @@ def curriculum_value(dotted: str) -> Any:
     path = REPO_ROOT / "recipes" / "curriculum" / f"{name}.yaml"
     if not path.is_file():
         raise FidelityError(f"key curriculum.{dotted!r}: no curriculum {path}")
-    stages = {s.get("name"): s for s in yaml.safe_load(path.read_text(encoding="utf-8")).get("stages") or []}
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    made = plan_stages(StagesFrom(**data["stages_from"]), path.parent) if data.get("stages_from") else []
+    stages = {s.get("name"): s for s in data.get("stages") or made}  # listed, or made from the domain list
     if stage not in stages:
         raise FidelityError(f"key curriculum.{dotted!r}: {path.name} has no stage {stage!r}")
     return _dig(stages[stage], inner) if inner else stages[stage]

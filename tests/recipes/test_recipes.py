@@ -18,6 +18,7 @@ STAGE_RECIPES = sorted(RECIPES.glob("*.yaml"))
 GROUP_FILES = sorted(p for g in GROUPS for p in (RECIPES / g).glob("*.yaml"))
 CURRICULA = sorted((RECIPES / "curriculum").glob("*.yaml"))
 EVAL_SUITES = sorted((RECIPES / "eval").glob("*.yaml"))
+DOMAIN_LISTS = sorted((RECIPES / "curriculum" / "domains").glob("*.yaml"))  # read by the curricula and suites
 # The envs' parts of a backend profile: recipes/env/<profile>/<tag>.yaml
 ENV_PROFILES = sorted(p for p in (RECIPES / "env").glob("*/*.yaml"))
 # Plugin paths referenced before their modules exist (none left: the distillation plugins landed).
@@ -42,6 +43,7 @@ def flag_value(argv: list[str], flag: str) -> list[str]:
 def test_every_yaml_under_recipes_is_covered():
     """No silent skipping: each YAML is a stage recipe, a group option, a curriculum or an eval suite."""
     covered = set(STAGE_RECIPES) | set(GROUP_FILES) | set(CURRICULA) | set(EVAL_SUITES) | set(ENV_PROFILES)
+    covered |= set(DOMAIN_LISTS)  # each loaded by tests/curriculum/test_domains.py
     covered |= {RECIPES / "fidelity" / "authors.yaml"}  # data, checked by test_fidelity.py
     every = set(RECIPES.rglob("*.yaml")) | set(RECIPES.rglob("*.yml"))
     assert every - covered == set()
@@ -49,7 +51,7 @@ def test_every_yaml_under_recipes_is_covered():
 
 
 @pytest.mark.parametrize(
-    "path", STAGE_RECIPES + GROUP_FILES + CURRICULA + ENV_PROFILES, ids=lambda p: str(p.relative_to(RECIPES))
+    "path", STAGE_RECIPES + GROUP_FILES + CURRICULA + ENV_PROFILES + DOMAIN_LISTS, ids=lambda p: str(p.relative_to(RECIPES))
 )
 def test_each_yaml_opens_with_the_command_that_runs_it(path: Path):
     lines = path.read_text().splitlines()
