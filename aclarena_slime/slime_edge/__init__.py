@@ -75,6 +75,13 @@ HOOKS: tuple[Hook, ...] = (
         ((("args", "samples"), ()),),
     ),
     Hook(
+        "reward_nonzero_std",
+        "--dynamic-sampling-filter-path",
+        f"{_EDGE}.rollout.reward_nonzero_std",
+        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        ((("args", "samples"), ()),),
+    ),
+    Hook(
         "task_reward_nonzero_std",
         "--dynamic-sampling-filter-path",
         f"{_EDGE}.rollout.task_reward_nonzero_std",

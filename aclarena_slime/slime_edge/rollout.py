@@ -202,6 +202,15 @@ def drop_no_tool(args: Any, samples: list[Any], **_: Any) -> Any:
     return filter_output(keep, reason)
 
 
+def reward_nonzero_std(args: Any, samples: list[Any], **_: Any) -> Any:
+    """slime ``--dynamic-sampling-filter-path``: slime's own ``check_reward_nonzero_std`` rule (the math and IF
+    stages': keep a group only if its rewards differ, ``group_rewards.reward_nonzero_std``), behind
+    :func:`refill_bound`: slime's filter has none, so a model whose groups all score alike spun for ever."""
+    keep, reason = group_rewards.reward_nonzero_std(samples, getattr(args, "reward_key", None))
+    refill_bound(args).judged(keep, reason)
+    return filter_output(keep, reason)
+
+
 def task_reward_nonzero_std(args: Any, samples: list[Any], **_: Any) -> Any:
     """slime ``--dynamic-sampling-filter-path``: keep a group only if its task outcomes differ."""
     keep, reason = group_rewards.task_reward_nonzero_std(samples, getattr(args, "reward_key", None))
