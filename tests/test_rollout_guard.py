@@ -159,3 +159,19 @@ def test_the_math_and_if_recipes_run_the_bounded_filter(tmp_path: Path):
         path = argv[argv.index("--dynamic-sampling-filter-path") + 1]
         assert load_dotted(path) is edge.reward_nonzero_std, name
         assert command.custom_config["aclarena_guards"]["max_refill_rounds"] == GuardSettings().max_refill_rounds
+
+
+def test_rollout_only_batches_are_guarded_through_slimes_rollout_log_hook(caplog):
+    """A teacher or oracle rollout-only run (--debug-rollout-only) returns before the reward post-process, so its
+    lost batches went unseen: a dead retriever dumped an all-aborted batch every rollout to a "successful" end.
+    slime's RolloutManager.generate calls the rollout-log hook with each batch whole (slime/ray/rollout.py
+    generate -> log_rollout_data): the guard runs there, and slime's own logging goes on (it returns False)."""
+    args = _args(aclarena_guards={"max_bad_rollouts": 2})
+    healthy = [_scored(g, 1.0) for g in range(4) for _ in range(4)]
+    assert edge.rollout_log(0, args, healthy, None, 1.0) is False
+    lost = [_aborted(g) for g in range(4) for _ in range(4)]
+    with caplog.at_level(logging.WARNING):
+        assert edge.rollout_log(1, args, lost, None, 1.0) is False
+    assert "16 of 16 samples removed or aborted" in caplog.text
+    with pytest.raises(RolloutsLost, match="2 rollouts in a row"):
+        edge.rollout_log(2, args, lost, {"rollout/x": 1}, 1.0)

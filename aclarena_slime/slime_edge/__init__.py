@@ -131,6 +131,15 @@ HOOKS: tuple[Hook, ...] = (
         ((("args",), ()),),
     ),
     Hook(
+        "rollout_log",
+        "--custom-rollout-log-function-path",
+        f"{_EDGE}.rollout.rollout_log",
+        "slime.observability.rollout_metrics.log_rollout_data",
+        # slime/observability/rollout_metrics.py log_rollout_data:
+        # custom_log_func(rollout_id, args, samples, rollout_extra_metrics, rollout_time)
+        ((("rollout_id", "args", "samples", "rollout_extra_metrics", "rollout_time"), ()),),
+    ),
+    Hook(
         "monitor_eval_log",
         "--custom-eval-rollout-log-function-path",
         f"{_EDGE}.monitor.log_eval",
