@@ -172,8 +172,9 @@ def drop_no_tool(samples: list[Any], max_no_tool_fraction: float) -> tuple[bool,
 
 
 def reward_nonzero_std(samples: list[Any], reward_key: str | None = None) -> tuple[bool, str | None]:
-    """slime's built-in ``check_reward_nonzero_std`` rule, for where slime is absent: keep a group only if the
-    (unbiased) standard deviation of its samples' rewards exceeds 1e-6: ``(keep the group, why not)``."""
+    """slime's built-in ``check_reward_nonzero_std`` rule (the math and IF stages' filter, run by
+    ``slime_edge.rollout.reward_nonzero_std`` behind the refill bound, and by the local stage): keep a group only
+    if the (unbiased) standard deviation of its samples' rewards exceeds 1e-6: ``(keep the group, why not)``."""
     values = [reward_value(sample, reward_key) for sample in samples]
     if len(values) < 2:
         return False, "too_few_samples"

@@ -1,4 +1,5 @@
-"""Running our aiohttp services (fake and local engines, retriever, router) the same way everywhere.
+"""Running our aiohttp services (fake and local engines, retriever, router) the same way everywhere, and
+reading a service's reply no larger than a cap.
 
 Loopback by default: a service is reachable from elsewhere only when the user names another host.
 """
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # aiohttp is imported by the functions that serve: the CLI reads LOOPBACK without it
+    import aiohttp
     from aiohttp import web
 
 LOOPBACK = "127.0.0.1"
@@ -43,3 +45,20 @@ def run_forever(app: web.Application, host: str = LOOPBACK, port: int = 8000) ->
     from aiohttp import web
 
     web.run_app(app, host=host, port=port, access_log=None, print=None)
+
+
+async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int, error: Callable[[str], Exception]) -> bytes:
+    """``resp``'s body, refused once it passes ``max_bytes``: a misbehaving service cannot fill our memory.
+
+    The refusal is ``error(what)``, the caller's own error type, where ``what`` reads "N bytes, more than CAP
+    bytes" (a declared length) or "more than CAP bytes" (a body that grows past the cap while read).
+    """
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        raise error(f"{resp.content_length} bytes, more than {max_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > max_bytes:
+            raise error(f"more than {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

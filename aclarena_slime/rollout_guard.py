@@ -7,11 +7,13 @@ ends aborted, its sample is removed (never trained on), and the stage goes on tr
 tool) the group filter drops every group and slime's dynamic-sampling loop
 (``slime/rollout/sglang_rollout.py`` ``generate_rollout_async``, 624b824) refills the batch with no cap.
 
-- :class:`RolloutHealth` reads each training batch (the reward post-process hook sees it whole): a batch in
+- :class:`RolloutHealth` reads each batch (the reward post-process hook sees it whole; on a rollout-only run,
+  which slime ends before the post-process, its rollout-log hook does): a batch in
   which more than ``max_lost_fraction`` of the samples were removed or aborted is logged at WARNING with the
   counts and the reasons; ``max_bad_rollouts`` such batches in a row raise :class:`RolloutsLost`.
 - :class:`RefillBound` sits behind the group filter, which slime calls once per finished group: more than
-  ``max_refill_rounds`` rounds' worth of groups dropped in a row raise :class:`RefillExhausted`.
+  ``max_refill_rounds`` rounds' worth of groups dropped in a row raise :class:`RefillExhausted`. Every paper
+  recipe's filter is ours for this reason (the math and IF stages' is slime's rule, ``reward_nonzero_std``).
 
 Either error ends slime's rollout, so the Ray job fails with the message. The settings are a recipe's
 ``custom.aclarena_guards`` (:class:`~aclarena_slime.group_rewards.GuardSettings`, beside the filters' own).
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class RolloutsLost(RuntimeError):
-    """Several rollouts in a row lost most of their samples: the run would train on nothing."""
+    """Several rollouts in a row lost most of their samples: the run would train on (or, rollout-only, dump) nothing."""
 
 
 class RefillExhausted(RuntimeError):
@@ -89,8 +91,8 @@ class RolloutHealth:
         limit = self.settings.max_bad_rollouts
         if limit and self.bad_in_a_row >= limit:
             raise RolloutsLost(
-                f"{alarm}. Stopping: {limit} rollouts in a row lost most of their samples, so the run would train "
-                "on nothing (custom.aclarena_guards.max_bad_rollouts); check the env's services"
+                f"{alarm}. Stopping: {limit} rollouts in a row lost most of their samples, so the run would train on "
+                "(or, rollout-only, dump) nothing (custom.aclarena_guards.max_bad_rollouts); check the env's services"
             )
         return alarm
 

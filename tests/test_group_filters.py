@@ -90,7 +90,7 @@ def test_slime_loads_the_filters_and_reads_their_output():
     from aclarena_slime.slime_edge import path
     from aclarena_slime.slime_edge import rollout as edge
 
-    for name in ("drop_no_tool", "task_reward_nonzero_std"):
+    for name in ("drop_no_tool", "reward_nonzero_std", "task_reward_nonzero_std"):
         assert load_function(path(name)) is getattr(edge, name)
     nobody = [_scored({"tool_calls": 0}) for _ in range(2)]
     output = call_dynamic_filter(edge.drop_no_tool, SimpleNamespace(), nobody)

@@ -201,3 +201,28 @@ def test_a_tag_claimed_by_two_installed_packages_is_an_error(tmp_path, monkeypat
     with pytest.raises(registry.PluginLoadError, match=r"'mock' is registered by several installed packages: "
                        r"aclarena_envs.mock.env:MockEnvironment \(package aclarena-slime\), other_env.env:OtherMock \(package other-env\)"):
         registry.load_factory("mock")
+
+
+async def test_the_kit_reports_a_check_label_that_refuses_the_envs_own_label():
+    """The data readers call check_label on every record: one refusing a good label would fail a whole dataset."""
+
+    class Fine(Episode):
+        conversation = Conversation([{"role": "user", "content": "say hi"}])
+
+        async def step(self, text):
+            return Done("answered")
+
+        async def score(self):
+            return Score(1.0)
+
+    class Strict(Environment):
+        tag = "strict"
+
+        async def start(self, task):
+            return Fine()
+
+        def check_label(self, label):
+            raise ValueError(f"no label is ever good, not even {label!r}")
+
+    with pytest.raises(ConformanceError, match=r"task 0: check_label refused its label 'hi' \(ValueError: no label"):
+        await check_environment(Strict(), [Task("p", "hi")], entry_point=False)

@@ -132,3 +132,46 @@ def test_mopd_batches_are_guarded_too():
     args = _args(aclarena_guards={"max_bad_rollouts": 1})
     with pytest.raises(RolloutsLost, match="teacher"):
         mopd_post_process(args, [_aborted(g, "teacher http://t:1 failed") for g in range(4) for _ in range(4)])
+
+
+def test_slimes_reward_rule_for_math_and_if_is_bounded_too():
+    """slime's check_reward_nonzero_std (the math and IF recipes' filter) has no refill bound: a model whose groups
+    all score alike spins its loop for ever. Ours is the same rule (the std of the group's rewards above 1e-6,
+    slime/rollout/filter_hub/dynamic_sampling_filters.py) behind the same bound."""
+    args = _args(over_sampling_batch_size=8, aclarena_guards={"max_refill_rounds": 2})  # 16 drops in a row
+    assert edge.reward_nonzero_std(args, [_scored(0, r) for r in (0.0, 1.0, 0.0, 0.0)]) is True
+    judged = 0
+    with pytest.raises(RefillExhausted, match=r"dropped 16 groups in a row \(zero_std_0.0 16\), 2 rounds of 8"):
+        while judged < 1000:
+            judged += 1
+            edge.reward_nonzero_std(args, [_scored(judged, 0.0) for _ in range(4)])
+    assert judged == 16
+
+
+def test_the_math_and_if_recipes_run_the_bounded_filter(tmp_path: Path):
+    """Every recipe that ran slime's unbounded filter (the math and IF stages and their mle_/oracle_ variants)
+    compiles to ours, with the bound its FIDELITY row reads."""
+    from aclarena_slime.dotted import load_dotted
+
+    for name in ("stage1_math", "stage4_if", "mle_math", "mle_if", "oracle_math", "oracle_if"):
+        command = compile_recipe(load_recipe(REPO / f"recipes/{name}.yaml", [f"paths.root={tmp_path}"]))
+        argv = command.train_args
+        path = argv[argv.index("--dynamic-sampling-filter-path") + 1]
+        assert load_dotted(path) is edge.reward_nonzero_std, name
+        assert command.custom_config["aclarena_guards"]["max_refill_rounds"] == GuardSettings().max_refill_rounds
+
+
+def test_rollout_only_batches_are_guarded_through_slimes_rollout_log_hook(caplog):
+    """A teacher or oracle rollout-only run (--debug-rollout-only) returns before the reward post-process, so its
+    lost batches went unseen: a dead retriever dumped an all-aborted batch every rollout to a "successful" end.
+    slime's RolloutManager.generate calls the rollout-log hook with each batch whole (slime/ray/rollout.py
+    generate -> log_rollout_data): the guard runs there, and slime's own logging goes on (it returns False)."""
+    args = _args(aclarena_guards={"max_bad_rollouts": 2})
+    healthy = [_scored(g, 1.0) for g in range(4) for _ in range(4)]
+    assert edge.rollout_log(0, args, healthy, None, 1.0) is False
+    lost = [_aborted(g) for g in range(4) for _ in range(4)]
+    with caplog.at_level(logging.WARNING):
+        assert edge.rollout_log(1, args, lost, None, 1.0) is False
+    assert "16 of 16 samples removed or aborted" in caplog.text
+    with pytest.raises(RolloutsLost, match="2 rollouts in a row"):
+        edge.rollout_log(2, args, lost, {"rollout/x": 1}, 1.0)

@@ -45,7 +45,7 @@ from aclarena_slime.experts import EXPERTS_NAME, ExpertError
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.hf_export import ExportError
 from aclarena_slime.launcher.ray_job import RayError, slime_head
-from aclarena_slime.launcher.stage import StageResult, local_profile, normalise_overrides
+from aclarena_slime.launcher.stage import StageResult, exit_on_signals, local_profile, normalise_overrides
 from aclarena_slime.lora.checkpoint import adapter_checkpoint_root, latest_iteration
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import UnknownFlagError
@@ -141,17 +141,6 @@ def _stop_group(child: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def exit_on_signals() -> None:
-    """SIGTERM and SIGHUP end the process as Ctrl-C does, through every ``finally``: the evaluation's process
-    group, the Ray job and the output lock are released instead of left behind."""
-
-    def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
 
 
 @contextmanager

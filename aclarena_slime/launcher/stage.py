@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -226,6 +227,18 @@ def _check_adapter(result: StageResult, lora: dict[str, Any]) -> None:
         )
 
 
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP end the process as Ctrl-C does, through every ``finally``: the Ray job
+    (:func:`submit_watched`), an evaluation's process group and an output lock are released instead of left
+    behind. The stage launcher, the curriculum and the arena install it first thing."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launch/stage.sh", description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipes/<stage>.yaml")
@@ -238,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         help="print what will run (the exact slime command, or the local plan) and stop",
     )
     args = parser.parse_intermixed_args(argv)
+    exit_on_signals()
     try:
         overrides = normalise_overrides(args.overrides)
         recipe = load_recipe(args.recipe, overrides, local_profile(overrides))

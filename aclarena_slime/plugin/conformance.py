@@ -7,7 +7,8 @@ In a plugin's tests::
     async def test_conforms():
         await check_environment(MyEnvironment({}), [Task(prompt="...", label="...", metadata={"env": "mine"})])
 
-It raises :class:`ConformanceError` listing every broken invariant of :mod:`aclarena_slime.plugin.contract`,
+It raises :class:`ConformanceError` listing every broken invariant of :mod:`aclarena_slime.plugin.contract`
+(``check_label`` must accept the tasks' own labels),
 that the env's tag resolves to its class through the installed entry points (a line added to
 ``pyproject.toml`` without reinstalling is caught here, with the fix), and robustness: hostile model turns (empty, huge, binary junk, unclosed tags, fake tool calls)
 must come back as an observation or ``Done``, never as an exception.
@@ -154,6 +155,10 @@ async def check_environment(
             pickle.loads(pickle.dumps(task))
         except Exception as exc:  # noqa: BLE001 - Ray ships tasks between processes
             problems.append(f"{where}: Task does not round-trip through pickle ({exc})")
+        try:
+            env.check_label(task.label_value)
+        except Exception as exc:  # noqa: BLE001 - a plugin's check_label must accept its own gold labels
+            problems.append(f"{where}: check_label refused its label {task.label!r:.100} ({type(exc).__name__}: {exc})")
         for turn in [*HOSTILE_TURNS, *turns]:
             label = f"{where}, turn {turn[:30]!r}"
             try:

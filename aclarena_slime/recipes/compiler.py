@@ -156,6 +156,9 @@ def compile_recipe(recipe: StageRecipe) -> SlimeCommand:
     flags.add_section(dataclasses.asdict(recipe.plugins), "plugins")
     eval_config = _eval_suite(recipe, flags)
     flags.add_section({k: v for k, v in recipe.extra.items() if k != EVAL_SUITE}, "extra")
+    if recipe.extra.get("debug_rollout_only") or recipe.algorithm.extra.get("debug_rollout_only"):
+        # slime returns before the reward post-process on a rollout-only run; its rollout-log hook sees each batch
+        flags.add("custom_rollout_log_function_path", hook_path("rollout_log"), "debug_rollout_only")
     _refuse_pipeline_parallel(recipe)
     lora = _lora_settings(recipe, flags)  # after every other flag: it refuses some of them
     monitor = _monitor(recipe, flags, lora)

@@ -75,6 +75,13 @@ HOOKS: tuple[Hook, ...] = (
         ((("args", "samples"), ()),),
     ),
     Hook(
+        "reward_nonzero_std",
+        "--dynamic-sampling-filter-path",
+        f"{_EDGE}.rollout.reward_nonzero_std",
+        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        ((("args", "samples"), ()),),
+    ),
+    Hook(
         "task_reward_nonzero_std",
         "--dynamic-sampling-filter-path",
         f"{_EDGE}.rollout.task_reward_nonzero_std",
@@ -122,6 +129,15 @@ HOOKS: tuple[Hook, ...] = (
         f"{_EDGE}.lora.megatron_init",
         None,  # no default: slime/backends/megatron_utils/initialize.py calls custom_init(args)
         ((("args",), ()),),
+    ),
+    Hook(
+        "rollout_log",
+        "--custom-rollout-log-function-path",
+        f"{_EDGE}.rollout.rollout_log",
+        "slime.observability.rollout_metrics.log_rollout_data",
+        # slime/observability/rollout_metrics.py log_rollout_data:
+        # custom_log_func(rollout_id, args, samples, rollout_extra_metrics, rollout_time)
+        ((("rollout_id", "args", "samples", "rollout_extra_metrics", "rollout_time"), ()),),
     ),
     Hook(
         "monitor_eval_log",

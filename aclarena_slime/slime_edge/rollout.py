@@ -1,4 +1,5 @@
-"""Rollout-side hooks (they run in slime's RolloutManager): generate, reward, reward post-process, filters.
+"""Rollout-side hooks (they run in slime's RolloutManager): generate, reward, reward post-process, rollout log,
+filters.
 
 What they read from ``args``: ``sglang_router_ip`` / ``sglang_router_port`` (the engine),
 ``hf_checkpoint`` (the tokenizer), ``apply_chat_template_kwargs``, ``rollout_max_response_len``,
@@ -194,10 +195,28 @@ def reward_post_process(args: Any, samples: list[Any], **_: Any) -> tuple[list[f
     return raw, group_rewards.normalized_rewards(samples, raw, group_normalization(args))
 
 
+def rollout_log(rollout_id: int, args: Any, samples: list[Any], rollout_extra_metrics: Any, rollout_time: float) -> bool:
+    """slime ``--custom-rollout-log-function-path``, set by the compiler on rollout-only recipes: on
+    ``--debug-rollout-only`` slime's ``RolloutManager.generate`` returns before the reward post-process, and this
+    is the hook it calls with each batch whole (after dumping it). The lost-batch guard runs here as it does in
+    :func:`reward_post_process`. False: slime's own rollout logging goes on."""
+    rollout_health(args).observe(samples)
+    return False
+
+
 def drop_no_tool(args: Any, samples: list[Any], **_: Any) -> Any:
     """slime ``--dynamic-sampling-filter-path``: the authors' no-tool filter (``group_rewards.drop_no_tool``);
     too many groups dropped in a row stop the job (:func:`refill_bound`: slime's refill loop has no cap)."""
     keep, reason = group_rewards.drop_no_tool(samples, custom.filters(args).max_no_tool_fraction)
+    refill_bound(args).judged(keep, reason)
+    return filter_output(keep, reason)
+
+
+def reward_nonzero_std(args: Any, samples: list[Any], **_: Any) -> Any:
+    """slime ``--dynamic-sampling-filter-path``: slime's own ``check_reward_nonzero_std`` rule (the math and IF
+    stages': keep a group only if its rewards differ, ``group_rewards.reward_nonzero_std``), behind
+    :func:`refill_bound`: slime's filter has none, so a model whose groups all score alike spun for ever."""
+    keep, reason = group_rewards.reward_nonzero_std(samples, getattr(args, "reward_key", None))
     refill_bound(args).judged(keep, reason)
     return filter_output(keep, reason)
 

@@ -125,6 +125,10 @@ class IFEvalEnvironment(Environment):
         label.checkers()  # build now: a bad label fails here, naming the instruction
         return IFEvalEpisode(self, label, self.conversation(task))
 
+    def check_label(self, label: Any) -> None:
+        """The label parses and every instruction's checker builds (``LabelError``, a ``ValueError``, says which)."""
+        Label.parse(label).checkers()
+
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Generated prompts (see :mod:`aclarena_envs.ifeval.generator`), reproducible from ``seed``."""
         return [prompt.to_slime(i, seed) for i, prompt in enumerate(generate(n, seed))]

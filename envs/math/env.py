@@ -152,6 +152,10 @@ class MathEnvironment(Environment):
     async def start(self, task: Task) -> MathEpisode:
         return MathEpisode(task, self.conversation(task), self.pool, self.settings, self.lane)
 
+    def check_label(self, label: Any) -> None:
+        """The label holds a gold answer (a bare value, or ``{"answer": ...}``)."""
+        gold_answer(label)
+
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Two-operand arithmetic with integer answers: learnable by a tiny model, scored like AIME."""
         rng = random.Random(seed)

@@ -257,6 +257,14 @@ class RetailEnvironment(Environment):
         first = await session.reply(AGENT_GREETING)  # EpisodeAborted: nothing to train on, the sample is removed
         return RetailEpisode(self, record, session, first)
 
+    def check_label(self, label: Any) -> None:
+        """A label names a task of the data directory; none is fine (``metadata.task_id`` may name the task)."""
+        if label is None or label == "":
+            return
+        if isinstance(label, bool) or not isinstance(label, (str, int)):
+            raise ValueError(f"a retail label is the task id, got {type(label).__name__} {label!r:.100}")
+        self.data.task(str(label))
+
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` records drawn from the train split of the configured data directory."""
         rows = records(self.data, "train")

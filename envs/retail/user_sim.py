@@ -21,10 +21,16 @@ from typing import Any
 
 import aiohttp
 
+from aclarena_slime.http_service import read_capped
 from aclarena_slime.plugin.contract import EpisodeAborted
 from aclarena_slime.plugin.settings import from_mapping
 
 log = logging.getLogger(__name__)
+
+
+def _too_big(what: str) -> EpisodeAborted:
+    """A reply past ``max_reply_bytes`` aborts the episode (not worth a retry)."""
+    return EpisodeAborted(f"user simulator sent {what} (max_reply_bytes)")
 
 #: The end markers and the episode end reason each one gives.
 STOP_MARKERS = {"###STOP###": "user_stop", "###TRANSFER###": "user_transfer", "###OUT-OF-SCOPE###": "user_out_of_scope"}
@@ -247,7 +253,7 @@ class LLMUser(UserSimulator):
                         raise EpisodeAborted(
                             f"user simulator refused the request: HTTP {resp.status}: {(await resp.text())[:200]}"
                         )
-                    payload = json.loads(await self._read(resp))
+                    payload = json.loads(await read_capped(resp, self.max_reply_bytes, _too_big))
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 continue
@@ -256,19 +262,6 @@ class LLMUser(UserSimulator):
         message = f"user simulator at {self.url} failed after {self.retries + 1} attempts: {error}"
         log.warning("%s (%d replies failed so far; their episodes abort)", message, self.failures)
         raise EpisodeAborted(message)
-
-    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The reply's body; an episode abort once it passes ``max_reply_bytes`` (not worth a retry)."""
-        cap = self.max_reply_bytes
-        if resp.content_length is not None and resp.content_length > cap:
-            raise EpisodeAborted(f"user simulator sent {resp.content_length} bytes, more than {cap} bytes (max_reply_bytes)")
-        chunks, size = [], 0
-        async for chunk in resp.content.iter_chunked(1 << 16):
-            size += len(chunk)
-            if size > cap:
-                raise EpisodeAborted(f"user simulator sent more than {cap} bytes (max_reply_bytes)")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _text(self, payload: Any) -> str:
         try:

@@ -199,6 +199,10 @@ class SearchEnvironment(Environment):
     async def start(self, task: Task) -> Episode:
         return self._episode(self, task, gold_answers(task.label_value))
 
+    def check_label(self, label: Any) -> None:
+        """The label holds gold answers (see :func:`~.reward.gold_answers`); offline, the retriever is not built."""
+        gold_answers(label)
+
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Questions about the generated demo corpus, the one this env searches when none is configured.
 

@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from aclarena_slime.http_service import read_capped
+
 log = logging.getLogger(__name__)
 
 Document = Mapping[str, Any]
@@ -314,30 +316,20 @@ class RemoteRetriever:
                 async with self._session.post(self.url, json=payload) as resp:
                     if resp.status != 200:
                         raise RetrieverError(f"retriever {self.url} answered {resp.status}: {(await resp.text())[:300]}")
-                    return json.loads(await _read_capped(resp, self.max_bytes, f"retriever {self.url}"))
+                    return json.loads(await read_capped(resp, self.max_bytes, self._too_big))
             except aiohttp.ClientConnectionError as exc:  # refused, reset, disconnected: worth another try
                 error = exc
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 raise RetrieverError(f"retriever {self.url} failed: {exc!r}") from exc
         raise RetrieverError(f"retriever {self.url} failed after {self.retries + 1} attempts: {error!r}") from error
 
+    def _too_big(self, what: str) -> RetrieverError:
+        return RetrieverError(f"retriever {self.url} sent {what} (retriever_max_bytes)")
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
         self._session = self._session_loop = None
-
-
-async def _read_capped(resp: Any, max_bytes: int, who: str) -> bytes:
-    """An aiohttp response's body, refused (:class:`RetrieverError`) once it passes ``max_bytes``."""
-    if resp.content_length is not None and resp.content_length > max_bytes:
-        raise RetrieverError(f"{who} sent {resp.content_length} bytes, more than {max_bytes} bytes (retriever_max_bytes)")
-    chunks, size = [], 0
-    async for chunk in resp.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > max_bytes:
-            raise RetrieverError(f"{who} sent more than {max_bytes} bytes (retriever_max_bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _parse_result(body: Any, n_queries: int, url: str) -> list[list[Hit]]:

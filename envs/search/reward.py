@@ -65,6 +65,7 @@ def gold_answers(label: object) -> list[str]:
     target = label.get("target", label.get("golden_answers")) if isinstance(label, dict) else label
     if isinstance(target, str):
         target = [target]
-    if not isinstance(target, (list, tuple)) or not target or not all(isinstance(t, (str, int, float)) for t in target):
+    usable = isinstance(target, (list, tuple)) and target
+    if not usable or not all(isinstance(t, (str, int, float)) and str(t).strip() for t in target):
         raise ValueError(f'search label needs gold answers as {{"target": ["..."]}}, got {label!r}')
     return [str(t) for t in target]

@@ -50,6 +50,8 @@ def test_rollout_only_recipes_dump_every_sample_and_pass_the_flag_gate(name, tmp
     assert flag(argv, "--rollout-max-response-len") == [budget]
     for gone in ("--eval-prompt-data", "--dynamic-sampling-filter-path", "--save-hf"):
         assert gone not in argv, gone  # nothing to evaluate, filter or export: every sample is dumped
+    # slime returns before the reward post-process on --debug-rollout-only; its rollout-log hook sees the batch
+    assert flag(argv, "--custom-rollout-log-function-path") == ["aclarena_slime.slime_edge.rollout.rollout_log"]
     [check] = preflight.check_flags(argv, build=known_parser)
     assert check.status == "ok", check
 

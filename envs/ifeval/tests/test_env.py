@@ -143,3 +143,21 @@ async def test_survives_hostile_turns() -> None:
         await check_hostile_outputs(env, [Task(**r) for r in env.demo_records(2)])
     finally:
         await env.aclose()
+
+
+@pytest.mark.parametrize(
+    "label, says",
+    [
+        ({"instruction_id_list": ["no:such_instruction"], "kwargs": [{}]}, "no:such_instruction"),
+        ({"instruction_id_list": ["punctuation:no_comma"], "kwargs": []}, "one object per instruction"),
+        ("not a label", "label is not JSON"),
+        (["punctuation:no_comma"], "label must be an object"),
+    ],
+)
+def test_check_label_refuses_what_start_would_refuse(label, says):
+    """The data readers (an evaluation's datasets, the doctor) call check_label offline: it refuses a label the
+    episode could not score, naming why, and accepts a good one."""
+    env = IFEvalEnvironment({})
+    with pytest.raises(ValueError, match=says):
+        env.check_label(label)
+    env.check_label(LABEL)

@@ -282,3 +282,13 @@ def test_the_paper_recipe_uses_the_authors_prompt_and_answer_rule(tmp_path):
 def test_bad_rule_settings_are_refused():
     with pytest.raises(ValueError, match="answer_rule must be one of"):
         MathEnvironment({"answer_rule": "first"})
+
+
+@pytest.mark.parametrize("label", [None, "", {"answer": None}, {"solution": "42"}])
+def test_check_label_refuses_a_label_without_a_gold_answer(label):
+    """A label with no gold answer fails where the data is read (check_label), not when its record is scored."""
+    env = MathEnvironment({})
+    with pytest.raises(ValueError, match="no gold answer"):
+        env.check_label(label)
+    for good in ("42", 42, {"answer": "\\frac{1}{2}"}, {"ground_truth": "7"}):
+        env.check_label(good)

@@ -283,3 +283,14 @@ def test_demo_records_come_from_the_train_split(tiny_data):
 async def test_survives_hostile_turns(tiny_data):
     env = env_with(tiny_data, ["hi"] * 1000)
     await check_hostile_outputs(env, [task("t0")])
+
+
+@pytest.mark.parametrize("label, says", [("no_such_task", "no task 'no_such_task'"), ({"id": "t0"}, "task id")])
+def test_check_label_refuses_a_label_naming_no_task(tiny_data, label, says):
+    """A label naming no task of the data directory fails where the data is read, not when its record is drawn;
+    no label at all is fine (``metadata.task_id`` may name the task)."""
+    env = env_with(tiny_data, ["hi"])
+    with pytest.raises(ValueError, match=says):
+        env.check_label(label)
+    env.check_label("t0")
+    env.check_label(None)

@@ -177,3 +177,13 @@ async def test_an_overlong_turn_is_a_notice_and_the_breakdown_keeps_a_short_answ
 
 async def test_survives_hostile_turns(env):
     await check_hostile_outputs(env, [_task()])
+
+
+@pytest.mark.parametrize("label", [None, {"target": []}, {"answer": "Paris"}, {"target": [None]}, ""])
+def test_check_label_refuses_a_label_without_gold_answers(env, label):
+    """Offline, with no retriever built: a label with no usable gold answer fails where the data is read."""
+    with pytest.raises(ValueError, match="gold answers"):
+        env.check_label(label)
+    env.check_label({"target": ["Paris", "paris, france"]})
+    env.check_label("Paris")
+    assert env._retriever is None
