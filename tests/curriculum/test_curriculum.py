@@ -20,6 +20,7 @@ from aclarena_slime.curriculum.manifest import DONE, MANIFEST_NAME, Manifest
 from aclarena_slime.curriculum.runner import CurriculumFailed, run_curriculum, stage_recipe
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.recipes.domains import StagesFrom, plan_stages
 from aclarena_slime.recipes.lineage import saves_iteration
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -264,8 +265,9 @@ def _run_local_smoke(out: Path, first: int, extra: list[str]) -> tuple[Path, lis
     path = RECIPES / "curriculum" / "local_smoke.yaml"
     data = yaml.safe_load(path.read_text())
     smoke = data["overrides"]  # the curriculum's own (small batches), plus the test's
-    stages = json.dumps(data["stages"][:first]).replace("../", f"{RECIPES}/")
-    settings = [f"output_dir={out}", f"overrides=[{','.join([*smoke, *extra])}]", f"stages={stages}"]
+    spec = StagesFrom(**data["stages_from"])  # the stages its domain list makes, cut to the first ``first``
+    stages = json.dumps(plan_stages(spec, path.parent)[:first])
+    settings = [f"output_dir={out}", f"overrides=[{','.join([*smoke, *extra])}]", "stages_from=null", f"stages={stages}"]
     run_curriculum(path, settings)
     stages = json.loads((out / MANIFEST_NAME).read_text())["stages"]
     assert [s["name"] for s in stages] == SMOKE_STAGES[:first]
