@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aclarena_slime.distill.balanced_source import DomainBalancer, ReplaySettings, replay_weights
 from aclarena_slime.evaluation.suite import HELD_OUT_DEMOS, HELD_OUT_SEED
 from aclarena_slime.jsonl import JsonlError, iter_jsonl
-from aclarena_slime.plugin.contract import Environment
+from aclarena_slime.plugin.contract import Environment, Task
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sample import Sample
 
@@ -31,13 +31,14 @@ class RecordError(ValueError):
     """Records that cannot feed the stage; the message names the file and line."""
 
 
-def read_jsonl(path: str | Path, tag: str) -> list[dict[str, Any]]:
-    """Records of ``path``; each gets ``metadata.env = tag`` when it has none, and a mismatch is an error."""
+def read_jsonl(path: str | Path, tag: str, check_label: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+    """Records of ``path``; each gets ``metadata.env = tag`` when it has none, and a mismatch is an error, as is a
+    label ``check_label`` (the env's :meth:`~aclarena_slime.plugin.contract.Environment.check_label`) refuses."""
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"data file {path} does not exist")
     try:
-        records = [_checked(record, tag, f"{path}:{n}") for n, record in iter_jsonl(path)]
+        records = [_checked(record, tag, f"{path}:{n}", check_label) for n, record in iter_jsonl(path)]
     except JsonlError as exc:
         raise RecordError(str(exc)) from None
     if not records:
@@ -50,15 +51,20 @@ def demo_records(env: Environment, n: int, seed: int) -> list[dict[str, Any]]:
         records = env.demo_records(n, seed=seed)
     except NotImplementedError as exc:
         raise RecordError(f"{exc}; set data_path (and eval_data_path) for the local stage") from exc
-    return [_checked(r, env.tag, f"demo record {i}") for i, r in enumerate(records)]
+    return [_checked(r, env.tag, f"demo record {i}", env.check_label) for i, r in enumerate(records)]
 
 
-def _checked(record: Any, tag: str, where: str) -> dict[str, Any]:
+def _checked(record: Any, tag: str, where: str, check_label: Callable[[Any], None] | None = None) -> dict[str, Any]:
     if not isinstance(record, dict) or "prompt" not in record:
         raise RecordError(f"{where}: a record must be an object with a 'prompt'")
     metadata = dict(record.get("metadata") or {})
     if metadata.setdefault("env", tag) != tag:
         raise RecordError(f"{where}: record is for env {metadata['env']!r}, but this stage trains {tag!r}")
+    if check_label is not None:
+        try:
+            check_label(Task(prompt=record["prompt"], label=record.get("label")).label_value)
+        except ValueError as exc:
+            raise RecordError(f"{where}: bad label for env {tag!r}: {exc}") from None
     return {**record, "metadata": metadata}
 
 
@@ -141,7 +147,7 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     if cfg.eval_size == 0:
         evaluation: list[dict[str, Any]] = []
     elif cfg.eval_data_path:
-        evaluation = read_jsonl(cfg.eval_data_path, cfg.env)[: cfg.eval_size]
+        evaluation = read_jsonl(cfg.eval_data_path, cfg.env, env.check_label)[: cfg.eval_size]
     else:
         evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED)
     held_out = {prompt_key(r) for r in evaluation}
@@ -151,7 +157,7 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
     n_val = cfg.validation_size
     if cfg.data_path:
-        source = read_jsonl(cfg.data_path, cfg.env)
+        source = read_jsonl(cfg.data_path, cfg.env, env.check_label)
     else:  # enough demo records that dropping the held-out and warm-start prompts leaves the ones asked for
         source = demo_records(env, n_train + n_warm + n_val + len(held_out), cfg.seed)
     pool = [r for r in source if prompt_key(r) not in held_out]

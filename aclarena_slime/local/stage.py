@@ -334,7 +334,7 @@ class Expert:
 
 async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
     """Evaluate, then ``steps`` GRPO steps (the monitor watching earlier domains), then evaluate again."""
-    monitor = StageMonitor.for_stage(
+    monitor = stage_monitor(
         bind_engine(cfg.monitor, stage.url, cfg.served_name),
         stage.url,
         stage.model_dir,
@@ -354,6 +354,16 @@ async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyT
     if trainer.full:
         trainer.save(cfg.policy_dir)
     return result
+
+
+def stage_monitor(
+    values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, policy_dir: Path
+) -> StageMonitor | None:
+    """The stage's forgetting monitor (None: no earlier domain to watch), its suite's stage-bound datasets bound by
+    the recipes' stage reader (:func:`~aclarena_slime.recipes.compiler.read_stage`), as the slime backend's are."""
+    from aclarena_slime.recipes.compiler import read_stage
+
+    return StageMonitor.for_stage(values, url, model_dir, adapter_name, policy_dir, stages=read_stage)
 
 
 @dataclass

@@ -131,7 +131,7 @@ class PolicyTrainer:
 
     Two kinds, as the recipe's ``lora.enabled`` says: a LoRA expert on a frozen backbone (the adapter is
     exported as a PEFT directory and the engine reloads it), or full fine-tuning (every parameter; the
-    engine's weights are updated in place after each step, :meth:`sync_weights`).
+    engine's weights are updated in place after each step, ``LocalEngine.update_weights``).
     """
 
     def __init__(
@@ -334,12 +334,6 @@ class PolicyTrainer:
             log_p = torch.log_softmax(windows.detach().float() / self.settings.temperature, dim=-1)
             entropy = -(log_p.exp() * log_p).sum(-1)
         return new, old, mask, adv, entropy
-
-    def sync_weights(self, engine_model: Any) -> None:
-        """Full fine-tuning: copy the trained weights into the engine's model, in place (the local analogue
-        of slime's weight update; a LoRA expert syncs through its adapter directory instead)."""
-        with torch.no_grad():
-            engine_model.load_state_dict(self.model.state_dict())
 
     def save(self, directory: str | Path) -> Path:
         """Export the policy, replacing ``directory`` atomically (never half-written): the adapter as a PEFT

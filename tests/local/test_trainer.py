@@ -184,14 +184,14 @@ def test_full_fine_tuning_changes_the_backbone_and_lora_does_not(tiny_model_dir,
 
 
 def test_full_fine_tuning_syncs_its_weights_into_the_engine(tiny_model_dir):
-    from aclarena_slime.local.generation import MultiLoraModel
+    from aclarena_slime.local.engine import open_engine
 
     trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=1e-2, micro_batch_size=2), None, seed=0)
-    engine = MultiLoraModel.from_pretrained(tiny_model_dir)
+    engine = open_engine(tiny_model_dir, seed=0)
     trainer.step(_group(trainer))
-    assert not torch.equal(engine.base.lm_head.weight, trainer.model.lm_head.weight)
-    trainer.sync_weights(engine.base)
-    assert torch.equal(engine.base.lm_head.weight, trainer.model.lm_head.weight)
+    assert not torch.equal(engine.model.base.lm_head.weight, trainer.model.lm_head.weight)
+    engine.update_weights(trainer.model.state_dict())  # the stage's sync (stage.serve_policy)
+    assert torch.equal(engine.model.base.lm_head.weight, trainer.model.lm_head.weight)
 
 
 def test_the_kl_estimators_are_slimes_on_fixed_tensors():
