@@ -55,6 +55,7 @@ from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine, open_engine
 from aclarena_slime.local.group_filter import PromptStream, SampledStep
+from aclarena_slime.local.losses import LossSettings
 from aclarena_slime.local.records import (
     Sample,
     StageRecords,
@@ -151,20 +152,23 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
 
 def train_settings(cfg: LocalStageConfig) -> TrainSettings:
     """The optimiser and loss settings of the stage's policy (the recipe's, see :mod:`.spec`)."""
+    loss = LossSettings(
+        estimator=cfg.advantage_estimator,
+        per_token=cfg.per_token_loss,
+        clip_low=cfg.clip_eps_low,
+        clip_high=cfg.clip_eps_high,
+        kl_coef=cfg.kl_coef,
+        kl_loss_type=cfg.kl_loss_type,
+    )
     return TrainSettings(
+        loss=loss,
         lr=cfg.lr,
+        adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+        weight_decay=cfg.weight_decay,
         temperature=cfg.temperature,
-        clip_eps_low=cfg.clip_eps_low,
-        clip_eps_high=cfg.clip_eps_high,
         updates_per_step=cfg.updates_per_step,
         minibatches=cfg.steps_per_rollout,
         micro_batch_size=cfg.micro_batch_size,
-        weight_decay=cfg.weight_decay,
-        adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
-        kl_coef=cfg.kl_coef,
-        kl_loss_type=cfg.kl_loss_type,
-        advantage_estimator=cfg.advantage_estimator,
-        per_token_loss=cfg.per_token_loss,
     )
 
 

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+from aclarena_slime.local.losses import LossSettings
 from aclarena_slime.local.parallel_mle import MultiExpertTrainer, check_experts, run_parallel_mle
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
@@ -38,7 +39,9 @@ def _samples(offset: int) -> list[TrainSample]:
 def test_each_sample_trains_only_its_own_expert(tiny_model_dir):
     """One step of two experts on one backbone equals each expert's step alone, to float32 round-off
     (1e-6); an expert without samples keeps its adapter exactly."""
-    settings = TrainSettings(lr=5e-2, micro_batch_size=2, kl_coef=0.1)
+    settings = TrainSettings(loss=LossSettings(estimator="grpo", per_token=False, clip_low=0.2, clip_high=0.28, kl_coef=0.1,
+                                    kl_loss_type="low_var_kl"), lr=5e-2, adam_betas=(0.9, 0.999), weight_decay=0.0,
+                  temperature=1.0, updates_per_step=1, minibatches=1, micro_batch_size=2)  # fmt: skip
     multi = MultiExpertTrainer.build(tiny_model_dir, {"one": (settings, LORA), "two": (settings, LORA)}, seed=3)
     start_b = multi.adapter_state("two")
     multi.step("one", _samples(0))
