@@ -48,7 +48,7 @@ class TrainSample:
 class TrainSettings:
     """The optimiser and the loss: AdamW (lr, betas, weight decay) on the recipe's loss (:class:`LossSettings`), and
     how a GRPO step's rollouts are cut into optimiser steps. No defaults: the stage's builder fills every value from
-    the recipe (:func:`aclarena_slime.local.stage.train_settings`), whose defaults are the only ones.
+    the recipe (:func:`aclarena_slime.local.session.open_session`), whose defaults are the only ones.
     """
 
     loss: LossSettings

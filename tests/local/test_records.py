@@ -11,6 +11,7 @@ import pytest
 from aclarena_envs.learnable.env import LearnableEnvironment
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import RecordError, stage_records
+from aclarena_slime.local.session import open_session
 
 
 class Checked(LearnableEnvironment):
@@ -31,9 +32,9 @@ def test_a_bad_training_label_fails_when_the_stage_loads_its_data_naming_file_an
     _write(data, ["0123", 7, "01"])
     cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), data_path=str(data), eval_size=0)
     with pytest.raises(RecordError, match=rf"{data}:2: bad label for env 'learnable': .*got 7"):
-        stage_records(Checked(), cfg)
+        stage_records(Checked(), open_session(cfg).records)
     _write(data, ["0123x", "7x", "01x"])  # a string label ("7" alone decodes as the number 7)
-    assert len(stage_records(Checked(), cfg).train) == cfg.steps * cfg.prompts_per_step
+    assert len(stage_records(Checked(), open_session(cfg).records).train) == cfg.steps * cfg.prompts_per_step
 
 
 def test_a_bad_held_out_label_fails_too(tmp_path):
@@ -41,7 +42,7 @@ def test_a_bad_held_out_label_fails_too(tmp_path):
     _write(held_out, ["01", ""])
     cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), eval_data_path=str(held_out))
     with pytest.raises(RecordError, match=rf"{held_out}:2: bad label"):
-        stage_records(Checked(), cfg)
+        stage_records(Checked(), open_session(cfg).records)
 
 
 def test_demo_records_go_through_the_check():
@@ -50,4 +51,4 @@ def test_demo_records_go_through_the_check():
             raise ValueError("no label passes")
 
     with pytest.raises(RecordError, match="demo record 0: bad label for env 'learnable': no label passes"):
-        stage_records(Refusing(), LocalStageConfig(env="learnable", output_dir="o", eval_size=2))
+        stage_records(Refusing(), open_session(LocalStageConfig(env="learnable", output_dir="o", eval_size=2)).records)

@@ -9,6 +9,7 @@ import pytest
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.losses import LossSettings
 from aclarena_slime.local.records import Sample
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.spec import local_plan
 from aclarena_slime.local.stage import keep, rollout_examples, run_stage, sft_filter
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSettings
@@ -16,7 +17,7 @@ from aclarena_slime.lora.config import LoraConfig
 
 
 def filter_settings(values):
-    return sft_filter(LocalStageConfig(env="math", output_dir="x", kind="sft", sft_filter=values))
+    return sft_filter(open_session(LocalStageConfig(env="math", output_dir="x", kind="sft", sft_filter=values)).sft)
 
 
 def _sample(reward, status="completed", mask=(1, 1)):
