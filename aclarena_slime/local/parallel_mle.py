@@ -129,8 +129,9 @@ class MultiExpertTrainer:
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
 
 
-def check_experts(cfgs: Sequence[LocalStageConfig]) -> None:
-    """Refuse expert settings that cannot share one backbone and one engine, naming them."""
+def open_experts(cfgs: Sequence[LocalStageConfig]) -> list[LocalSession]:
+    """The experts' sessions (:func:`~aclarena_slime.local.session.open_session`); expert settings that cannot share
+    one backbone and one engine are refused, naming them."""
     if not cfgs:
         raise LocalConfigError("parallel MLE needs at least one expert")
     names = [c.expert_name for c in cfgs]
@@ -157,16 +158,16 @@ def check_experts(cfgs: Sequence[LocalStageConfig]) -> None:
                     f"parallel MLE experts share one backbone and engine: {key} is {getattr(cfgs[0], key)!r} for "
                     f"{cfgs[0].env!r} but {getattr(cfg, key)!r} for {cfg.env!r}"
                 )
+    return [open_session(c) for c in cfgs]
 
 
-def run_parallel_mle(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -> dict[str, Any]:
-    """Train every expert of ``cfgs`` side by side; returns the metrics (also ``output_dir/metrics.json``)."""
-    check_experts(cfgs)
-    return asyncio.run(run_experts([open_session(c) for c in cfgs], output_dir))
+def run_parallel_mle(sessions: Sequence[LocalSession], output_dir: str | Path) -> dict[str, Any]:
+    """Train every expert (:func:`open_experts`) side by side; returns the metrics (also ``output_dir/metrics.json``)."""
+    return asyncio.run(run_experts(sessions, output_dir))
 
 
 async def run_experts(sessions: Sequence[LocalSession], output_dir: str | Path) -> dict[str, Any]:
-    """The experts' sessions (:func:`check_experts` has checked their settings) trained by the one GRPO loop."""
+    """The experts' sessions trained by the one GRPO loop, on one backbone and one engine."""
     started, cpu_started = time.monotonic(), time.process_time()
     out = Path(output_dir).resolve()
     first = sessions[0]

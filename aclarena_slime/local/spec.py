@@ -339,9 +339,9 @@ def run_local(recipe: StageRecipe) -> dict[str, Any]:
 
     cfg = local_config(recipe)
     if cfg.lora.experts:
-        from aclarena_slime.local.parallel_mle import run_parallel_mle
+        from aclarena_slime.local.parallel_mle import open_experts, run_parallel_mle
 
-        metrics = run_parallel_mle(expert_configs(recipe, cfg), cfg.output_dir)
+        metrics = run_parallel_mle(open_experts(expert_configs(recipe, cfg)), cfg.output_dir)
         manifest = str(Path(cfg.output_dir) / EXPERTS_NAME)
         return {"metrics": metrics, "policy": manifest, "full": False, "output_dir": cfg.output_dir}
     metrics = run_stage(cfg)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.losses import LossSettings
-from aclarena_slime.local.parallel_mle import MultiExpertTrainer, check_experts, run_parallel_mle
+from aclarena_slime.local.parallel_mle import MultiExpertTrainer, open_experts, run_parallel_mle
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.lora.config import LoraConfig
@@ -63,12 +63,12 @@ def test_each_sample_trains_only_its_own_expert(tiny_model_dir):
 def test_mismatched_experts_are_refused(tmp_path):
     a = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "a"))
     with pytest.raises(LocalConfigError, match="one expert per env tag"):
-        check_experts([a, a])
+        open_experts([a, a])
     other = LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), seed=1)
     with pytest.raises(LocalConfigError, match="seed"):
-        check_experts([a, other])
+        open_experts([a, other])
     with pytest.raises(LocalConfigError, match="full_finetune"):
-        check_experts([a, LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), full_finetune=True)])
+        open_experts([a, LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), full_finetune=True)])
 
 
 def _cfg(tmp_path, env, **extra):
@@ -101,7 +101,7 @@ def test_experts_side_by_side_end_within_noise_of_experts_alone(tmp_path):
     one PEFT folder per expert and experts.json.
     """
     cfgs = [_cfg(tmp_path, "learnable"), _cfg(tmp_path, "mock", env_config={"max_turns": 2})]
-    together = run_parallel_mle(cfgs, tmp_path / "parallel")
+    together = run_parallel_mle(open_experts(cfgs), tmp_path / "parallel")
     table = ExpertTable.load(tmp_path / "parallel" / "experts.json")
     assert sorted(table.experts) == ["learnable", "mock"]
     moved = 0.0
@@ -130,7 +130,7 @@ def test_parallel_mle_runs_the_stages_grpo_loop(tmp_path):
         _cfg(tmp_path, "learnable", validation_size=2, validation_interval=1, **extra),
         _cfg(tmp_path, "mock", env_config={"max_turns": 2}, **extra),  # a handful of prompts: none to validate on
     ]
-    metrics = run_parallel_mle(cfgs, tmp_path / "parallel")
+    metrics = run_parallel_mle(open_experts(cfgs), tmp_path / "parallel")
     for env, expert in metrics["experts"].items():
         assert expert["steps"][0]["parity_max_abs"] < 1e-3, env
         assert set(expert["eval_greedy"]) == {"before", "after"} and expert["eval_greedy"]["after"]["n"] == 2, env
