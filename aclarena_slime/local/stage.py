@@ -1,7 +1,8 @@
 """The local backend's one runner: phases warm start | SFT | GRPO over one served engine and one rollout context.
 
 :func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU (the recipe is
-mapped onto :class:`~aclarena_slime.local.config.LocalStageConfig` by :mod:`aclarena_slime.local.spec`).
+mapped onto :class:`~aclarena_slime.local.config.LocalStageConfig` by :mod:`aclarena_slime.local.spec`, whose
+settings :func:`~aclarena_slime.local.session.open_session` reads once into the parts the phases take).
 The rollouts go through the shared rollout (:func:`~aclarena_slime.rollout.run_sample`,
 :func:`~aclarena_slime.rollout.score_sample`) over HTTP against the embedded engine, with a
 :class:`~aclarena_slime.rollout.RolloutContext` built here from the stage's settings. Phases:
