@@ -26,11 +26,11 @@ from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.records import bind_engine, stage_records
+from aclarena_slime.local.session import LocalSession, open_session
 from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
 from aclarena_slime.local.stage import prepare_model, tokenizer_texts
-from aclarena_slime.local.tiny_model import TinyShape
 from aclarena_slime.plugin.registry import get_environment
-from aclarena_slime.rollout import Budgets, load_chat_tokens
+from aclarena_slime.rollout import load_chat_tokens
 
 MODEL_DIR = "model"  # inside the base's folder: the warm-started model (a Hugging Face folder)
 REPORT = "base.json"
@@ -77,15 +77,15 @@ def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out:
         import torch
 
         torch.set_num_threads(first.torch_threads)
-    texts = [t for c in demos for t in asyncio.run(tokenizer_texts(c))]
-    shape = TinyShape(first.tiny_vocab_size, first.tiny_hidden_size, first.tiny_layers)
-    start = prepare_model(TINY_MODEL, out, seed, shape, texts)
+    sessions = [open_session(c) for c in demos]
+    texts = [t for s in sessions for t in asyncio.run(tokenizer_texts(s))]
+    start = prepare_model(TINY_MODEL, out, seed, sessions[0].model.shape, texts)
     examples: list[SftExample] = []
     replays: dict[str, Any] = {}
-    for cfg in demos:
-        found, report = asyncio.run(_examples(cfg, start))
+    for session in sessions:
+        found, report = asyncio.run(_examples(session, start))
         examples += found
-        replays[cfg.env] = report
+        replays[session.env] = report
     sft = SftSettings(steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr,
                       micro_batch_size=first.micro_batch_size)  # fmt: skip
     backbone, report = warm_start(start, examples, sft, model, seed)
@@ -94,18 +94,22 @@ def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out:
     return Path(backbone).resolve()
 
 
-async def _examples(cfg: LocalStageConfig, model_dir: Path) -> tuple[list[SftExample], dict[str, Any]]:
-    """The gold demo trajectories of ``cfg``'s env (its warm-start records), as the stage's warm start makes them."""
-    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
+async def _examples(session: LocalSession, model_dir: Path) -> tuple[list[SftExample], dict[str, Any]]:
+    """The gold demo trajectories of the session's env (its warm-start records), as the stage's warm start makes
+    them."""
+    records, warm = session.records, session.warm_start
+    if warm is None:  # build_base gives each domain with gold demos the base's warm start
+        raise ValueError(f"the arena's base: domain {records.env!r} has no warm start")
+    env = get_environment(records.env, bind_engine(records.env_config, "http://127.0.0.1:0", records.served_name))
     try:
         chat = load_chat_tokens(str(model_dir))
-        best = env.reward_range[1] if cfg.warm_start_min_reward is None else cfg.warm_start_min_reward
+        best = env.reward_range[1] if warm.min_reward is None else warm.min_reward
         examples, report = await demo_examples(
             env,
             chat,
-            stage_records(env, cfg).warm_start,
-            load_demo_turns(str(cfg.warm_start_demos)),
-            Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
+            stage_records(env, records).warm_start,
+            load_demo_turns(str(warm.demos)),
+            session.engine.budgets,
             best,
         )
     finally:

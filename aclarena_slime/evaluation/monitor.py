@@ -213,14 +213,21 @@ class StageMonitor:
     """Checks the earlier domains of a local stage; ``check`` after every rollout, true when to stop."""
 
     def __init__(
-        self, settings: MonitorSettings, url: str, model_dir: Path, adapter_name: str | None, policy_dir: Path
+        self,
+        settings: MonitorSettings,
+        url: str,
+        model_dir: Path,
+        adapter_name: str | None,
+        policy_dir: Path,
+        stages: StageReader | None = None,
     ) -> None:
         """``settings``' env settings are bound to the engine at ``url`` already (the backend fills their
         placeholders); ``policy_dir`` is the policy being trained (a PEFT folder, or with ``adapter_name``
-        None the fully fine-tuned model folder)."""
+        None the fully fine-tuned model folder); ``stages`` binds a suite's stage-bound datasets
+        (:func:`monitor_suite`)."""
         self.monitor = ForgettingMonitor(settings)
         self.domains = list(settings.domains)
-        self.suite = monitor_suite(settings)
+        self.suite = monitor_suite(settings, stages=stages)
         self.url, self.model_dir = url, model_dir
         self.adapter_name, self.policy_dir = adapter_name, Path(policy_dir)
         self.out = self.policy_dir.parent / "monitor"
@@ -229,11 +236,17 @@ class StageMonitor:
 
     @classmethod
     def for_stage(
-        cls, values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, policy_dir: Path
+        cls,
+        values: Mapping[str, Any],
+        url: str,
+        model_dir: Path,
+        adapter_name: str | None,
+        policy_dir: Path,
+        stages: StageReader | None = None,
     ) -> StageMonitor | None:
         """None when the stage has no monitor (disabled, or no earlier domain); ``values``: the settings' fields."""
         settings = MonitorSettings.from_mapping(values)
-        return cls(settings, url, model_dir, adapter_name, policy_dir) if settings.active else None
+        return cls(settings, url, model_dir, adapter_name, policy_dir, stages) if settings.active else None
 
     @property
     def keeps_policy(self) -> bool:

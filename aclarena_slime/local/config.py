@@ -2,7 +2,8 @@
 
 :func:`aclarena_slime.local.spec.local_config` maps a stage recipe onto
 :class:`LocalStageConfig` (the recipe's own sections, plus ``cluster.local`` for the backend's own
-settings); the stage runner (:func:`aclarena_slime.local.stage.run_stage`) is its only reader.
+settings); the stage's builder (:func:`aclarena_slime.local.session.open_session`) reads it into the parts the
+phases take.
 """
 
 from __future__ import annotations

@@ -32,18 +32,18 @@ from aclarena_slime.kl import KL_TYPES, approx_kl
 ESTIMATORS = ("grpo", "gspo")  # slime's advantage estimators the local trainer runs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LossSettings:
     """The recipe's loss: ``algorithm.advantage_estimator``, ``algorithm.extra.calculate_per_token_loss``, the
     clip range (``eps_clip``, ``eps_clip_high``) and the KL term (``kl_loss_coef`` with ``use_kl_loss``,
     ``kl_loss_type``)."""
 
-    estimator: str = "grpo"
-    per_token: bool = False
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
+    estimator: str
+    per_token: bool
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_loss_type: str
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:

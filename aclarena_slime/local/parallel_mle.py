@@ -24,7 +24,6 @@ and takes the same optimiser steps as when :func:`~aclarena_slime.local.stage.ru
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import time
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from aclarena_slime.experts import EXPERTS_NAME, ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.records import bind_engine
+from aclarena_slime.local.session import LocalSession, open_session
 from aclarena_slime.local.stage import (
     Expert,
     adapter_files,
@@ -44,7 +44,6 @@ from aclarena_slime.local.stage import (
     publish_adapter,
     served_stage,
     stage_model,
-    train_settings,
 )
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, peft_lora_config
 from aclarena_slime.lora.config import LoraConfig
@@ -130,8 +129,9 @@ class MultiExpertTrainer:
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
 
 
-def check_experts(cfgs: Sequence[LocalStageConfig]) -> None:
-    """Refuse expert settings that cannot share one backbone and one engine, naming them."""
+def open_experts(cfgs: Sequence[LocalStageConfig]) -> list[LocalSession]:
+    """The experts' sessions (:func:`~aclarena_slime.local.session.open_session`); expert settings that cannot share
+    one backbone and one engine are refused, naming them."""
     if not cfgs:
         raise LocalConfigError("parallel MLE needs at least one expert")
     names = [c.expert_name for c in cfgs]
@@ -158,49 +158,51 @@ def check_experts(cfgs: Sequence[LocalStageConfig]) -> None:
                     f"parallel MLE experts share one backbone and engine: {key} is {getattr(cfgs[0], key)!r} for "
                     f"{cfgs[0].env!r} but {getattr(cfg, key)!r} for {cfg.env!r}"
                 )
+    return [open_session(c) for c in cfgs]
 
 
-def run_parallel_mle(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -> dict[str, Any]:
-    """Train every expert of ``cfgs`` side by side; returns the metrics (also ``output_dir/metrics.json``)."""
-    return asyncio.run(run_parallel_mle_async(cfgs, output_dir))
+def run_parallel_mle(sessions: Sequence[LocalSession], output_dir: str | Path) -> dict[str, Any]:
+    """Train every expert (:func:`open_experts`) side by side; returns the metrics (also ``output_dir/metrics.json``)."""
+    return asyncio.run(run_experts(sessions, output_dir))
 
 
-async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: str | Path) -> dict[str, Any]:
-    check_experts(cfgs)
+async def run_experts(sessions: Sequence[LocalSession], output_dir: str | Path) -> dict[str, Any]:
+    """The experts' sessions trained by the one GRPO loop, on one backbone and one engine."""
     started, cpu_started = time.monotonic(), time.process_time()
     out = Path(output_dir).resolve()
-    first = dataclasses.replace(cfgs[0], output_dir=str(out))
-    model_dir = stage_model(first)  # the one backbone (the tiny model is written once, under out/)
+    first = sessions[0]
+    served_name = first.engine.served_name
+    model_dir = stage_model(first.model, out)  # the one backbone (the tiny model is written once, under out/)
     trainer = MultiExpertTrainer.build(
-        model_dir, {c.expert_name: (train_settings(c), c.lora) for c in cfgs}, seed=first.seed
+        model_dir, {s.policy.name: (s.policy.train, s.policy.lora) for s in sessions}, seed=first.seed
     )
-    dirs = {c.expert_name: out / "experts" / c.expert_name for c in cfgs}
+    dirs = {s.policy.name: out / "experts" / s.policy.name for s in sessions}
     served = served_stage(
-        first,
+        first.engine,
         model_dir,
-        env_configs=lambda url: {c.env: bind_engine(c.env_config, url, first.served_name) for c in cfgs},
-        experts=ExpertTable.from_mapping({c.env: c.expert_name for c in cfgs}),
+        env_configs=lambda url: {s.env: bind_engine(s.records.env_config, url, served_name) for s in sessions},
+        experts=ExpertTable.from_mapping({s.env: s.policy.name for s in sessions}),
     )  # one engine on the backbone, one rollout context holding every expert's env
     async with served as stage:
         client = stage.context.client()
 
-        def expert(cfg: LocalStageConfig) -> Expert:  # its step, its parity recompute, its adapter-only sync
-            name = cfg.expert_name
+        def expert(session: LocalSession) -> Expert:  # its step, its parity recompute, its adapter-only sync
+            name = session.policy.name
 
             async def publish(loaded: bool) -> None:
                 await publish_adapter(client, name, dirs[name], adapter_files(trainer.model, name), loaded)
 
             step, recompute = functools.partial(trainer.step, name), functools.partial(trainer.recompute_log_probs, name)
-            return Expert(cfg, step, recompute, publish)
+            return Expert(session.records, session.loop, step, recompute, publish)
 
-        results = await grpo_loop(stage.context, [expert(c) for c in cfgs])
+        results = await grpo_loop(stage.context, [expert(s) for s in sessions])
         generated = stage.engine.generated_tokens
     table = ExpertTable.from_mapping(
         {
-            "base": {"name": first.served_name, "path": str(model_dir)},
+            "base": {"name": served_name, "path": str(model_dir)},
             "experts": {
-                c.env: {"adapter": c.expert_name, "path": f"experts/{c.expert_name}", "stage": "mle_parallel"}
-                for c in cfgs
+                s.env: {"adapter": s.policy.name, "path": f"experts/{s.policy.name}", "stage": "mle_parallel"}
+                for s in sessions
             },
         },
         root=out,
@@ -212,13 +214,13 @@ async def run_parallel_mle_async(cfgs: Sequence[LocalStageConfig], output_dir: s
         "seed": first.seed,
         "model_dir": str(model_dir),
         "experts": {
-            c.env: {
-                "expert": c.expert_name,
-                "adapter_dir": str(dirs[c.expert_name]),
+            s.env: {
+                "expert": s.policy.name,
+                "adapter_dir": str(dirs[s.policy.name]),
                 **figures,
-                "config": c.to_dict(),
+                "config": dict(s.settings),
             }
-            for c, figures in zip(cfgs, results, strict=True)
+            for s, figures in zip(sessions, results, strict=True)
         },
         "seconds": round(time.monotonic() - started, 2),
         "cpu_seconds": round(time.process_time() - cpu_started, 2),

@@ -9,33 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import tempfile
 from typing import Any
 
 from aclarena_slime import parity
 from aclarena_slime.local.config import LocalStageConfig
-from aclarena_slime.local.records import stage_records
-from aclarena_slime.local.rollouts import rollout_step, step_sampling, to_train_sample
-from aclarena_slime.local.stage import serve_policy, served_stage, stage_model, tokenizer_texts, train_settings
+from aclarena_slime.local.records import stage_env_configs, stage_records
+from aclarena_slime.local.rollouts import rollout_step, to_train_sample
+from aclarena_slime.local.session import LocalSession, open_session
+from aclarena_slime.local.stage import serve_policy, served_stage, stage_model, tokenizer_texts
 from aclarena_slime.local.trainer import PolicyTrainer
 
 PROMPTS, SAMPLES, TOKENS = 2, 2, 16  # a probe, not a run: a few short rollouts
 
 
-async def probe(cfg: LocalStageConfig) -> parity.ParityReport:
+async def probe(session: LocalSession) -> parity.ParityReport:
     """Roll out a few of the stage's prompts and compare; the report (not raised: the doctor lists it)."""
-    cfg = dataclasses.replace(
-        cfg, prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, max_response_len=TOKENS, warm_start_steps=0
-    )
-    model_dir = stage_model(cfg, await tokenizer_texts(cfg))
-    lora = None if cfg.full_finetune else cfg.lora
-    trainer = PolicyTrainer.build(model_dir, train_settings(cfg), lora, cfg.base_adapter, cfg.seed)
-    async with served_stage(cfg, model_dir) as stage:
-        if lora is not None:
-            await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False)
-        records = stage_records(stage.env, cfg).train[:PROMPTS]
-        sampling = step_sampling(cfg)
-        samples = await rollout_step(stage.context, records, sampling, 0, asyncio.Semaphore(cfg.max_concurrency))
+    policy = session.policy
+    model_dir = stage_model(session.model, session.paths.output_dir, await tokenizer_texts(session))
+    trainer = PolicyTrainer.build(model_dir, policy.train, policy.lora, policy.base_adapter, session.seed)
+    async with served_stage(session.engine, model_dir, functools.partial(stage_env_configs, session.records)) as stage:
+        if not policy.full:
+            await serve_policy(stage, trainer, policy.name, session.paths.adapter_dir, loaded=False)
+        records = stage_records(stage.env, session.records).train[:PROMPTS]
+        limit = asyncio.Semaphore(session.loop.max_concurrency)
+        samples = await rollout_step(stage.context, records, session.loop.sampling, 0, limit)
     batch = [to_train_sample(s) for s in samples if s.usable]
     engine = [s.rollout_log_probs for s in batch]
     masks = [s.loss_mask for s in batch]
@@ -43,8 +42,10 @@ async def probe(cfg: LocalStageConfig) -> parity.ParityReport:
 
 
 def run_probe(cfg: LocalStageConfig) -> dict[str, Any]:
-    """:func:`probe` from synchronous code, in a scratch folder (a stage's outputs stay untouched); the
-    report as plain values."""
+    """:func:`probe` on a few short rollouts of the stage's, without its warm start, from synchronous code, in a
+    scratch folder (a stage's outputs stay untouched); the report as plain values."""
     with tempfile.TemporaryDirectory(prefix="aclarena-parity-") as scratch:
-        report = asyncio.run(probe(dataclasses.replace(cfg, output_dir=scratch)))
+        small = dataclasses.replace(cfg, prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, max_response_len=TOKENS,
+                                    warm_start_steps=0, output_dir=scratch)  # fmt: skip
+        report = asyncio.run(probe(open_session(small)))
     return {**dataclasses.asdict(report), "ok": report.ok, "line": report.line()}

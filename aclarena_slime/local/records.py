@@ -11,33 +11,31 @@ from __future__ import annotations
 import json
 import random
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aclarena_slime.distill.balanced_source import DomainBalancer, ReplaySettings, replay_weights
 from aclarena_slime.evaluation.suite import HELD_OUT_DEMOS, HELD_OUT_SEED
 from aclarena_slime.jsonl import JsonlError, iter_jsonl
-from aclarena_slime.plugin.contract import Environment
+from aclarena_slime.plugin.contract import Environment, Task
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.sample import Sample
-
-if TYPE_CHECKING:
-    from aclarena_slime.local.config import LocalStageConfig
 
 
 class RecordError(ValueError):
     """Records that cannot feed the stage; the message names the file and line."""
 
 
-def read_jsonl(path: str | Path, tag: str) -> list[dict[str, Any]]:
-    """Records of ``path``; each gets ``metadata.env = tag`` when it has none, and a mismatch is an error."""
+def read_jsonl(path: str | Path, tag: str, check_label: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+    """Records of ``path``; each gets ``metadata.env = tag`` when it has none, and a mismatch is an error, as is a
+    label ``check_label`` (the env's :meth:`~aclarena_slime.plugin.contract.Environment.check_label`) refuses."""
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"data file {path} does not exist")
     try:
-        records = [_checked(record, tag, f"{path}:{n}") for n, record in iter_jsonl(path)]
+        records = [_checked(record, tag, f"{path}:{n}", check_label) for n, record in iter_jsonl(path)]
     except JsonlError as exc:
         raise RecordError(str(exc)) from None
     if not records:
@@ -50,15 +48,20 @@ def demo_records(env: Environment, n: int, seed: int) -> list[dict[str, Any]]:
         records = env.demo_records(n, seed=seed)
     except NotImplementedError as exc:
         raise RecordError(f"{exc}; set data_path (and eval_data_path) for the local stage") from exc
-    return [_checked(r, env.tag, f"demo record {i}") for i, r in enumerate(records)]
+    return [_checked(r, env.tag, f"demo record {i}", env.check_label) for i, r in enumerate(records)]
 
 
-def _checked(record: Any, tag: str, where: str) -> dict[str, Any]:
+def _checked(record: Any, tag: str, where: str, check_label: Callable[[Any], None] | None = None) -> dict[str, Any]:
     if not isinstance(record, dict) or "prompt" not in record:
         raise RecordError(f"{where}: a record must be an object with a 'prompt'")
     metadata = dict(record.get("metadata") or {})
     if metadata.setdefault("env", tag) != tag:
         raise RecordError(f"{where}: record is for env {metadata['env']!r}, but this stage trains {tag!r}")
+    if check_label is not None:
+        try:
+            check_label(Task(prompt=record["prompt"], label=record.get("label")).label_value)
+        except ValueError as exc:
+            raise RecordError(f"{where}: bad label for env {tag!r}: {exc}") from None
     return {**record, "metadata": metadata}
 
 
@@ -128,7 +131,27 @@ class StageRecords:
         }
 
 
-def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
+@dataclass(frozen=True)
+class RecordSettings:
+    """What the stage's records are made of (:func:`aclarena_slime.local.records.stage_records`): its env and the env's
+    settings, the data files (None: demo records), the held-out, warm-start and validation counts, the RL prompts
+    (``train_prompts``: steps x the prompts a round), and the replay baseline's settings."""
+
+    env: str
+    env_config: Mapping[str, Any]
+    served_name: str
+    seed: int
+    data_path: str | None
+    eval_data_path: str | None
+    eval_size: int
+    train_prompts: int
+    warm_start_records: int  # 0: no warm start
+    validation_size: int
+    prompts_per_step: int
+    replay: Mapping[str, Any]
+
+
+def stage_records(env: Environment, settings: RecordSettings) -> StageRecords:
     """Evaluation records first (``eval_data_path`` or demo records of the held-out seed), then training ones
     (``data_path`` or the env's demo records) without the held-out prompts, in a seeded order: the warm
     start's, then the validation prompts, then the RL prompts, without the warm start's prompts unless nothing
@@ -138,27 +161,27 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     check (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`, at least
     :data:`~aclarena_slime.evaluation.suite.HELD_OUT_DEMOS` of them), whatever the stage's seed and eval size.
     """
-    if cfg.eval_size == 0:
+    if settings.eval_size == 0:
         evaluation: list[dict[str, Any]] = []
-    elif cfg.eval_data_path:
-        evaluation = read_jsonl(cfg.eval_data_path, cfg.env)[: cfg.eval_size]
+    elif settings.eval_data_path:
+        evaluation = read_jsonl(settings.eval_data_path, settings.env, env.check_label)[: settings.eval_size]
     else:
-        evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED)
+        evaluation = demo_records(env, settings.eval_size, settings.seed + HELD_OUT_SEED)
     held_out = {prompt_key(r) for r in evaluation}
-    if not cfg.data_path:
-        held_out |= checked_keys(env, cfg.eval_size)
-    n_train = cfg.steps * cfg.prompts_per_round  # a round a step; a step of more rounds reads on (group_filter)
-    n_warm = cfg.warm_start_records if cfg.warm_start_steps else 0
-    n_val = cfg.validation_size
-    if cfg.data_path:
-        source = read_jsonl(cfg.data_path, cfg.env)
+    if not settings.data_path:
+        held_out |= checked_keys(env, settings.eval_size)
+    n_train = settings.train_prompts
+    n_warm = settings.warm_start_records
+    n_val = settings.validation_size
+    if settings.data_path:
+        source = read_jsonl(settings.data_path, settings.env, env.check_label)
     else:  # enough demo records that dropping the held-out and warm-start prompts leaves the ones asked for
-        source = demo_records(env, n_train + n_warm + n_val + len(held_out), cfg.seed)
+        source = demo_records(env, n_train + n_warm + n_val + len(held_out), settings.seed)
     pool = [r for r in source if prompt_key(r) not in held_out]
     disjoint = bool(pool)
     if not disjoint:  # an env with a handful of prompts (a test env): train on them, and say so loudly
         warnings.warn(
-            f"every training prompt of env {cfg.env!r} is also an evaluation prompt: the evaluation is not held out",
+            f"every training prompt of env {settings.env!r} is also an evaluation prompt: the evaluation is not held out",
             stacklevel=2,
         )
         pool = list(source)
@@ -166,23 +189,23 @@ def stage_records(env: Environment, cfg: LocalStageConfig) -> StageRecords:
     # prompts after them, those the warm start has not fitted where there are any: a warm-started tiny model
     # answers its own warm-start prompts from memory, and RL on them does not carry to held-out prompts
     # (docs/local-backend.md).
-    warm = take(pool[:n_warm], n_warm, random.Random(cfg.seed + 1)) if n_warm else []
+    warm = take(pool[:n_warm], n_warm, random.Random(settings.seed + 1)) if n_warm else []
     seen = {prompt_key(r) for r in warm}
     fresh = [r for r in pool[n_warm:] if prompt_key(r) not in seen]
     # The validation prompts come first (the RL prompts after them stay where they are when the steps change).
     validation = _distinct(fresh, n_val)
     if len(validation) < n_val:
         raise RecordError(
-            f"validation_size={n_val}: only {len(validation)} distinct prompts of env {cfg.env!r} are neither "
+            f"validation_size={n_val}: only {len(validation)} distinct prompts of env {settings.env!r} are neither "
             "warm-start nor held-out prompts; lower validation_size or give more training records"
         )
     checked = {prompt_key(r) for r in validation}
     fresh = [r for r in fresh if prompt_key(r) not in checked]
     if n_val and not fresh:
-        raise RecordError(f"validation_size={n_val} leaves no RL prompt of env {cfg.env!r}; lower it")
+        raise RecordError(f"validation_size={n_val} leaves no RL prompt of env {settings.env!r}; lower it")
     rl_pool = fresh or pool
-    rng = random.Random(cfg.seed)
-    train = take(rl_pool, n_train, rng) if cfg.data_path else rl_pool[:n_train]
+    rng = random.Random(settings.seed)
+    train = take(rl_pool, n_train, rng) if settings.data_path else rl_pool[:n_train]
     if len(train) < n_train:  # a finite demo set: go through it again
         train = take(rl_pool, n_train, rng)
     return StageRecords(train, warm, evaluation, len(source) - len(pool), disjoint, validation)
@@ -206,13 +229,13 @@ def prompt_key(record: dict[str, Any]) -> str:
     return json.dumps(record.get("prompt"), sort_keys=True)
 
 
-def stage_env_configs(cfg: LocalStageConfig, url: str) -> dict[str, dict[str, Any]]:
+def stage_env_configs(settings: RecordSettings, url: str) -> dict[str, dict[str, Any]]:
     """The settings of every env the stage runs, bound to its engine at ``url``: its own env's first, then each
-    replayed domain's (``cfg.replay``'s ``env_config``: what that domain's own stage ran with, so the earlier
+    replayed domain's (``settings.replay``'s ``env_config``: what that domain's own stage ran with, so the earlier
     env plays here as it played there, its engine placeholders now naming this stage's engine)."""
-    replayed = (cfg.replay.get("env_config") or {}) if cfg.replay.get("enabled") else {}
-    configs = {cfg.env: cfg.env_config, **{t: replayed.get(t) or {} for t in cfg.replay.get("domains") or ()}}
-    return {tag: bind_engine(config, url, cfg.served_name) for tag, config in configs.items()}
+    replayed = (settings.replay.get("env_config") or {}) if settings.replay.get("enabled") else {}
+    configs = {settings.env: settings.env_config, **{t: replayed.get(t) or {} for t in settings.replay.get("domains") or ()}}
+    return {tag: bind_engine(config, url, settings.served_name) for tag, config in configs.items()}
 
 
 def checked_keys(env: Environment, eval_size: int) -> set[str]:
@@ -223,13 +246,13 @@ def checked_keys(env: Environment, eval_size: int) -> set[str]:
 
 
 def replay_mixture(
-    cfg: LocalStageConfig,
+    settings: RecordSettings,
     own: list[dict[str, Any]],
     env_configs: Mapping[str, Mapping[str, Any]],
     per_step: int | None = None,
     domains: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The replay baseline (``cfg.replay``; empty: ``own`` as it is): the earlier domains' demo records mixed
+    """The replay baseline (``settings.replay``; empty: ``own`` as it is): the earlier domains' demo records mixed
     into the stage's own records, each batch of ``per_step`` (default: a GRPO step's prompts) holding the
     replay shares (largest remainder). The GRPO phase mixes its prompts with it, the warm start its gold-demo
     records (``per_step``: its batch; ``domains``: the earlier domains with gold demos).
@@ -238,18 +261,18 @@ def replay_mixture(
     No earlier domain's record is one of its held-out prompts (the evaluation runner's, this stage's seed's), unless
     that leaves none (an env with a handful of prompts: then with a warning, as :func:`stage_records` does).
     """
-    values = dict(cfg.replay or {})
+    values = dict(settings.replay or {})
     tags = [t for t in values.get("domains") or () if domains is None or t in domains]
     if not values.get("enabled") or not tags:
         return own
     earlier = {}
     for tag in tags:
         env = get_environment(tag, dict(env_configs.get(tag) or {}))
-        own_evaluation = demo_records(env, cfg.eval_size, cfg.seed + HELD_OUT_SEED) if cfg.eval_size else []
-        held_out = checked_keys(env, cfg.eval_size) | {prompt_key(r) for r in own_evaluation}
-        records = demo_records(env, len(own), cfg.seed)
+        own_evaluation = demo_records(env, settings.eval_size, settings.seed + HELD_OUT_SEED) if settings.eval_size else []
+        held_out = checked_keys(env, settings.eval_size) | {prompt_key(r) for r in own_evaluation}
+        records = demo_records(env, len(own), settings.seed)
         earlier[tag] = [r for r in records if prompt_key(r) not in held_out] or _not_held_out(records, tag)
-    return replay_records(values, own, earlier, cfg.seed, per_step or cfg.prompts_per_step)
+    return replay_records(values, own, earlier, settings.seed, per_step or settings.prompts_per_step)
 
 
 def _not_held_out(records: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:

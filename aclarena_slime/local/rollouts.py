@@ -10,8 +10,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from aclarena_slime.evaluation.suite import HELD_OUT_SEED
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.group_filter import GroupFilter, PromptStream, SampledStep, sample_groups
 from aclarena_slime.local.records import Sample, StageRecords, new_sample
 from aclarena_slime.local.trainer import TrainSample
@@ -41,19 +39,6 @@ class StepSampling:
     prompts_per_round: int
     group_filter: GroupFilter | None
     max_rounds: int
-
-
-def step_sampling(cfg: LocalStageConfig) -> StepSampling:
-    """The stage's GRPO step sampling, from its settings (the recipe's rollout section)."""
-    groups = Sampling(cfg.samples_per_prompt, cfg.temperature, cfg.top_p, cfg.max_response_len, cfg.seed)
-    group_filter = GroupFilter.named(cfg.group_filter, cfg.filter_settings) if cfg.group_filter else None
-    return StepSampling(groups, cfg.prompts_per_step, cfg.prompts_per_round, group_filter, cfg.max_sampling_rounds)
-
-
-def eval_sampling(cfg: LocalStageConfig) -> Sampling:
-    """The stage's evaluation sampling (avg@``eval_samples`` at the evaluation temperature), seeded apart from
-    training's (:data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`)."""
-    return Sampling(cfg.eval_samples, cfg.eval_temperature, cfg.eval_top_p, cfg.eval_budget, cfg.seed + HELD_OUT_SEED)
 
 
 async def rollout_step(

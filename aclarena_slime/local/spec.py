@@ -25,8 +25,8 @@ from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.schema import StageRecipe
 
-# LocalStageConfig field <- the recipe key it comes from.
-RECIPE_KEYS = {
+# LocalStageConfig field <- the recipe key it comes from, as is (local_settings reads each with one loop).
+PLAIN_KEYS = {
     "steps": "rollout.num_rollout",
     "prompts_per_step": "rollout.rollout_batch_size",
     "samples_per_prompt": "rollout.n_samples_per_prompt",
@@ -37,28 +37,32 @@ RECIPE_KEYS = {
     "weight_decay": "algorithm.weight_decay",
     "adam_beta1": "algorithm.adam_beta1",
     "adam_beta2": "algorithm.adam_beta2",
-    "kl_coef": "algorithm.kl_loss_coef (with algorithm.use_kl_loss)",
     "kl_loss_type": "algorithm.kl_loss_type",
     "advantage_estimator": "algorithm.advantage_estimator",
+    "group_filter": "rollout.dynamic_sampling_filter_path",
+    "over_sampling_prompts": "rollout.over_sampling_batch_size",
+    "clip_eps_low": "algorithm.eps_clip",
+    "eval_max_response_len": "data.eval_max_response_len",
+    "env": "data.env",
+}
+# LocalStageConfig field <- the recipe key(s) it is made of, each by its own line in local_settings.
+RECIPE_KEYS = {
+    **PLAIN_KEYS,
+    "kl_coef": "algorithm.kl_loss_coef (with algorithm.use_kl_loss)",
     "per_token_loss": "algorithm.extra.calculate_per_token_loss",
     "full_finetune": "lora.enabled (false)",
     "sft_filter": "custom.aclarena_sft_filter",
     "sft_epochs": "algorithm.extra.num_epoch",
     "replay": "custom.aclarena_replay",
     "monitor": "monitor",
-    "group_filter": "rollout.dynamic_sampling_filter_path",
-    "over_sampling_prompts": "rollout.over_sampling_batch_size",
     "steps_per_rollout": "rollout.num_steps_per_rollout (or rollout.global_batch_size)",
     "filter_settings": "custom.aclarena_filters",
-    "clip_eps_low": "algorithm.eps_clip",
     "clip_eps_high": "algorithm.eps_clip_high",
     "eval_temperature": "data.eval_temperature",
     "eval_top_p": "data.eval_top_p",
     "eval_samples": "data.n_samples_per_eval_prompt",
-    "eval_max_response_len": "data.eval_max_response_len",
     "response_budget": "custom.aclarena_response_budget",
     "lora": "lora",
-    "env": "data.env",
     "env_config": "env_config.<tag>",
     "output_dir": "paths.runs and name",
 }
@@ -115,33 +119,20 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     check_known(recipe)
     local = dataclasses.asdict(recipe.cluster.local)  # typed and checked when the recipe composed
     algorithm, rollout, data = recipe.algorithm, recipe.rollout, recipe.data
-    values: dict[str, Any] = {
-        "env": data.env,
+    values: dict[str, Any] = {field: _read(recipe, key) for field, key in PLAIN_KEYS.items()}
+    values.update({
         "output_dir": f"{recipe.run_dir}/local",
         "env_config": dict(recipe.env_config.get(data.env) or {}),
-        "steps": rollout.num_rollout,
-        "prompts_per_step": rollout.rollout_batch_size,
-        "samples_per_prompt": rollout.n_samples_per_prompt,
-        "max_response_len": rollout.rollout_max_response_len,
-        "temperature": rollout.rollout_temperature,
-        "lr": algorithm.lr,
-        "clip_eps_low": algorithm.eps_clip,
         "clip_eps_high": algorithm.eps_clip_high if algorithm.eps_clip_high is not None else algorithm.eps_clip,
         # slime's None: the rollout's own setting
         "eval_temperature": data.eval_temperature if data.eval_temperature is not None else rollout.rollout_temperature,
         "eval_top_p": data.eval_top_p if data.eval_top_p is not None else 1.0,
         "eval_samples": data.n_samples_per_eval_prompt or 1,
-        "eval_max_response_len": data.eval_max_response_len,
         "response_budget": recipe.custom.aclarena_response_budget or "total",
-        "group_filter": rollout.dynamic_sampling_filter_path,
-        "over_sampling_prompts": rollout.over_sampling_batch_size,
         "filter_settings": dataclasses.asdict(recipe.custom.aclarena_filters) if recipe.custom.aclarena_filters else {},
-    }
-    values.update(kind=recipe.kind, weight_decay=algorithm.weight_decay, adam_beta1=algorithm.adam_beta1,
-                  adam_beta2=algorithm.adam_beta2, kl_loss_type=algorithm.kl_loss_type,
-                  advantage_estimator=algorithm.advantage_estimator,
-                  per_token_loss=bool(algorithm.extra.get("calculate_per_token_loss", False)),
-                  kl_coef=algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0)  # fmt: skip
+        "per_token_loss": bool(algorithm.extra.get("calculate_per_token_loss", False)),
+        "kl_coef": algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0,
+    })  # fmt: skip
     values["steps_per_rollout"] = steps_per_rollout(recipe)
     if algorithm.use_kl_loss and algorithm.kl_loss_coef <= 0:
         raise RecipeError(f"{recipe.name}: algorithm.use_kl_loss=true needs algorithm.kl_loss_coef > 0")
@@ -183,12 +174,18 @@ def local_settings(recipe: StageRecipe) -> dict[str, Any]:
     return values
 
 
+def _read(recipe: StageRecipe, key: str) -> Any:
+    """The recipe's value at a dotted ``key`` (``rollout.num_rollout``)."""
+    value: Any = recipe
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def check_honoured(recipe: StageRecipe) -> None:
     """Refuse (or warn about) each recipe setting the local backend cannot run, naming it."""
     for key, honoured, error, why in UNHONOURED:
-        value = recipe
-        for part in key.split("."):
-            value = getattr(value, part)
+        value = _read(recipe, key)
         if value in honoured:
             continue
         message = f"{key}={value!r}: the local backend cannot honour it ({why}); runs with {honoured[0]!r}"
@@ -342,9 +339,9 @@ def run_local(recipe: StageRecipe) -> dict[str, Any]:
 
     cfg = local_config(recipe)
     if cfg.lora.experts:
-        from aclarena_slime.local.parallel_mle import run_parallel_mle
+        from aclarena_slime.local.parallel_mle import open_experts, run_parallel_mle
 
-        metrics = run_parallel_mle(expert_configs(recipe, cfg), cfg.output_dir)
+        metrics = run_parallel_mle(open_experts(expert_configs(recipe, cfg)), cfg.output_dir)
         manifest = str(Path(cfg.output_dir) / EXPERTS_NAME)
         return {"metrics": metrics, "policy": manifest, "full": False, "output_dir": cfg.output_dir}
     metrics = run_stage(cfg)

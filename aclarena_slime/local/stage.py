@@ -1,7 +1,8 @@
 """The local backend's one runner: phases warm start | SFT | GRPO over one served engine and one rollout context.
 
 :func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU (the recipe is
-mapped onto :class:`~aclarena_slime.local.config.LocalStageConfig` by :mod:`aclarena_slime.local.spec`).
+mapped onto :class:`~aclarena_slime.local.config.LocalStageConfig` by :mod:`aclarena_slime.local.spec`, whose
+settings :func:`~aclarena_slime.local.session.open_session` reads once into the parts the phases take).
 The rollouts go through the shared rollout (:func:`~aclarena_slime.rollout.run_sample`,
 :func:`~aclarena_slime.rollout.score_sample`) over HTTP against the embedded engine, with a
 :class:`~aclarena_slime.rollout.RolloutContext` built here from the stage's settings. Phases:
@@ -56,6 +57,7 @@ from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine, open_engine
 from aclarena_slime.local.group_filter import PromptStream, SampledStep
 from aclarena_slime.local.records import (
+    RecordSettings,
     Sample,
     StageRecords,
     bind_engine,
@@ -66,7 +68,6 @@ from aclarena_slime.local.records import (
 from aclarena_slime.local.rollouts import (
     Sampling,
     StepSampling,
-    eval_sampling,
     evaluate,
     in_stage,
     progress_bar,
@@ -74,16 +75,23 @@ from aclarena_slime.local.rollouts import (
     rollout_step,
     sample_step,
     step_line,
-    step_sampling,
     to_train_sample,
     validate,
 )
-from aclarena_slime.local.sft import SftExample, SftSettings, frozen_copy, train_sft, warm_start
+from aclarena_slime.local.session import (
+    EngineParts,
+    LocalSession,
+    LoopSettings,
+    ModelSource,
+    SftStage,
+    WarmStart,
+    open_session,
+)
+from aclarena_slime.local.sft import SftExample, frozen_copy, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
 from aclarena_slime.local.trainer import (
     PolicyTrainer,
     TrainSample,
-    TrainSettings,
     contiguous_parts,
     publish_folder,
     staging_folder,
@@ -106,37 +114,37 @@ def run_stage(cfg: LocalStageConfig) -> dict[str, Any]:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    return asyncio.run(run_stage_async(cfg))
+    return asyncio.run(run_session(open_session(cfg)))
 
 
-async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
+async def run_session(session: LocalSession) -> dict[str, Any]:
+    """The stage's phases over its parts: the model folder, the warm start (when there is one), the policy, the
+    SFT or GRPO phase on one served engine; the metrics."""
     started = time.monotonic()
-    model_dir = start_dir = stage_model(cfg, await tokenizer_texts(cfg))
+    paths, policy, warm_start = session.paths, session.policy, session.warm_start
+    model_dir = start_dir = stage_model(session.model, paths.output_dir, await tokenizer_texts(session))
     warm: dict[str, Any] | None = None
-    into_policy = cfg.warm_start_steps and cfg.warm_start_target == "policy"
-    if cfg.warm_start_steps and not into_policy:
-        model_dir, warm = await warm_start_phase(cfg, model_dir)
-    trainer = PolicyTrainer.build(
-        model_dir, train_settings(cfg), None if cfg.full_finetune else cfg.lora, cfg.base_adapter, cfg.seed
-    )
-    if cfg.kl_coef and cfg.full_finetune and model_dir != start_dir:
+    if warm_start is not None and not warm_start.into_policy:
+        model_dir, warm = await warm_start_phase(session, model_dir)
+    trainer = PolicyTrainer.build(model_dir, policy.train, policy.lora, policy.base_adapter, session.seed)
+    if policy.train.loss.kl_coef and policy.full and model_dir != start_dir:
         # The KL anchor's reference is the policy the stage starts from, in the GRPO phase as in the warm start
         # before it, not the warm-started model.
         trainer.reference = load_reference(start_dir)
-    if into_policy:
-        warm = await policy_warm_start(cfg, model_dir, trainer)
-    async with served_stage(cfg, model_dir) as stage:
-        phase = sft_phase if cfg.kind == "sft" else grpo_phase
-        result = await phase(cfg, stage, trainer)
+    if warm_start is not None and warm_start.into_policy:
+        warm = await policy_warm_start(session, model_dir, trainer)
+    async with served_stage(session.engine, model_dir, functools.partial(stage_env_configs, session.records)) as stage:
+        phase = sft_phase if session.kind == "sft" else grpo_phase
+        result = await phase(session, stage, trainer)
     result = {
         "backend": "local",
-        "kind": cfg.kind,
-        "env": cfg.env,
-        "seed": cfg.seed,
-        "expert": None if cfg.full_finetune else cfg.expert_name,
+        "kind": session.kind,
+        "env": session.env,
+        "seed": session.seed,
+        "expert": None if policy.full else policy.name,
         "model_dir": str(model_dir),
-        **({"policy_dir": str(cfg.policy_dir)} if cfg.full_finetune else {"adapter_dir": str(cfg.adapter_dir)}),
-        "config": cfg.to_dict(),
+        **({"policy_dir": str(paths.policy_dir)} if policy.full else {"adapter_dir": str(paths.adapter_dir)}),
+        "config": dict(session.settings),
         **result,
     }
     if warm is not None:
@@ -145,57 +153,37 @@ async def run_stage_async(cfg: LocalStageConfig) -> dict[str, Any]:
         result["warm_start"] = warm
     result["seconds"] = round(time.monotonic() - started, 2)
     result["engine_generated_tokens"] = stage.engine.generated_tokens + (warm or {}).get("engine_generated_tokens", 0)
-    write_json_atomic(cfg.metrics_path, result)
+    write_json_atomic(paths.metrics_path, result)
     return result
 
 
-def train_settings(cfg: LocalStageConfig) -> TrainSettings:
-    """The optimiser and loss settings of the stage's policy (the recipe's, see :mod:`.spec`)."""
-    return TrainSettings(
-        lr=cfg.lr,
-        temperature=cfg.temperature,
-        clip_eps_low=cfg.clip_eps_low,
-        clip_eps_high=cfg.clip_eps_high,
-        updates_per_step=cfg.updates_per_step,
-        minibatches=cfg.steps_per_rollout,
-        micro_batch_size=cfg.micro_batch_size,
-        weight_decay=cfg.weight_decay,
-        adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
-        kl_coef=cfg.kl_coef,
-        kl_loss_type=cfg.kl_loss_type,
-        advantage_estimator=cfg.advantage_estimator,
-        per_token_loss=cfg.per_token_loss,
-    )
-
-
-def stage_model(cfg: LocalStageConfig, texts: Sequence[str] = ()) -> Path:
+def stage_model(model: ModelSource, out: Path, texts: Sequence[str] = ()) -> Path:
     """What every local stage does first: its output folder, torch threads, seeds, and its model folder.
 
     ``texts``: extra training text for the tiny model's tokenizer (see :func:`tokenizer_texts`).
     """
     import torch
 
-    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    shape = TinyShape(cfg.tiny_vocab_size, cfg.tiny_hidden_size, cfg.tiny_layers)
-    return prepare_model(cfg.model_source, out, cfg.seed, shape, texts)
+    if model.torch_threads:
+        torch.set_num_threads(model.torch_threads)
+    random.seed(model.seed)
+    torch.manual_seed(model.seed)
+    return prepare_model(model.source, out, model.seed, model.shape, texts)
 
 
-async def tokenizer_texts(cfg: LocalStageConfig) -> list[str]:
+async def tokenizer_texts(session: LocalSession) -> list[str]:
     """The warm-start records' prompts and gold turns, when the stage builds the tiny model and warm-starts it.
 
     The tiny tokenizer learns its merges from them, as a real tokenizer is trained on text like what
     its model reads: sequences get shorter (cheaper steps) and a name the model must copy from a
     passage is a few tokens, not a dozen characters. The held-out records are not among them.
     """
-    if cfg.model_source != TINY_MODEL or not cfg.warm_start_steps or not cfg.warm_start_demos:
+    warm = session.warm_start
+    if session.model.source != TINY_MODEL or warm is None or not warm.demos:
         return []
-    records = (await offline_records(cfg)).warm_start
-    turns_of = load_demo_turns(str(cfg.warm_start_demos))
+    records = (await offline_records(session.records)).warm_start
+    turns_of = load_demo_turns(str(warm.demos))
     texts: list[str] = []
     for record in records:
         prompt = record["prompt"]
@@ -203,11 +191,11 @@ async def tokenizer_texts(cfg: LocalStageConfig) -> list[str]:
     return texts
 
 
-async def offline_records(cfg: LocalStageConfig) -> StageRecords:
+async def offline_records(settings: RecordSettings) -> StageRecords:
     """The stage's records, read before any engine runs (any URL in the env's settings stays unused)."""
-    env = get_environment(cfg.env, bind_engine(cfg.env_config, "http://127.0.0.1:0", cfg.served_name))
+    env = get_environment(settings.env, bind_engine(settings.env_config, "http://127.0.0.1:0", settings.served_name))
     try:
-        return stage_records(env, cfg)
+        return stage_records(env, settings)
     finally:
         await env.aclose()
 
@@ -229,22 +217,24 @@ class ServedStage:
 
 @contextlib.asynccontextmanager
 async def served_stage(
-    cfg: LocalStageConfig,
+    engine_parts: EngineParts,
     model_dir: Path,
-    env_configs: Callable[[str], dict[str, dict[str, Any]]] | None = None,
+    env_configs: Callable[[str], dict[str, dict[str, Any]]],
     experts: ExpertTable | None = None,
 ) -> AsyncIterator[ServedStage]:
     """The engine on ``model_dir`` (:func:`~aclarena_slime.local.engine.open_engine`) and one rollout context for
-    it: by default the stage's env and the replayed envs (``env_configs``: the envs' settings given the engine's
-    URL), their settings bound to the engine, budgets as the recipe says. On exit the context (its envs and HTTP
-    session) is closed, on this loop, before the engine stops."""
-    engine = open_engine(model_dir, seed=cfg.seed, settings=cfg.engine_settings, served_name=cfg.served_name)
-    async with engine.serve(cfg.engine_host, cfg.engine_port) as url:
+    it: the envs ``env_configs`` gives for the engine's URL (a stage's: its env and the replayed ones,
+    :func:`~aclarena_slime.local.records.stage_env_configs`), their settings bound to the engine, budgets as the
+    recipe says. On exit the context (its envs and HTTP session) is closed, on this loop, before the engine stops."""
+    engine = open_engine(
+        model_dir, seed=engine_parts.seed, settings=engine_parts.settings, served_name=engine_parts.served_name
+    )
+    async with engine.serve(engine_parts.host, engine_parts.port) as url:
         context = RolloutContext(
             engine_url=url,
             load_chat=functools.partial(load_chat_tokens, str(model_dir)),
-            budgets=Budgets(max_response_len=cfg.max_response_len, mode=cfg.response_budget),
-            env_configs=env_configs(url) if env_configs else stage_env_configs(cfg, url),
+            budgets=engine_parts.budgets,
+            env_configs=env_configs(url),
             experts=experts,
         )
         try:
@@ -322,9 +312,11 @@ class Expert:
 
     ``train`` takes one GRPO step on a batch, ``recompute`` gives the trainer's log-probs of a batch (the parity
     check), ``publish(loaded)`` puts the policy on the engine (``loaded``: replacing the one served), ``save``
-    writes the policy after each step where the monitor reads it from disk."""
+    writes the policy after each step where the monitor reads it from disk; ``records`` and ``loop``: its records' and
+    its GRPO loop's settings."""
 
-    cfg: LocalStageConfig
+    records: RecordSettings
+    loop: LoopSettings
     train: Callable[[list[TrainSample]], dict[str, float]]
     recompute: Callable[[list[TrainSample]], list[list[float]]]
     publish: Callable[[bool], Awaitable[None]]
@@ -332,28 +324,45 @@ class Expert:
     monitor: StageMonitor | None = None
 
 
-async def grpo_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
+async def grpo_phase(session: LocalSession, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
     """Evaluate, then ``steps`` GRPO steps (the monitor watching earlier domains), then evaluate again."""
-    monitor = StageMonitor.for_stage(
-        bind_engine(cfg.monitor, stage.url, cfg.served_name),
+    policy, paths = session.policy, session.paths
+    monitor = stage_monitor(
+        bind_engine(session.monitor, stage.url, session.engine.served_name),
         stage.url,
         stage.model_dir,
-        None if trainer.full else cfg.expert_name,
-        cfg.policy_dir,
+        None if trainer.full else policy.name,
+        paths.policy_dir,
     )  # None: no earlier domain to watch
     keep_on_disk = trainer.full and monitor is not None and monitor.keeps_policy  # a LoRA policy always is
     expert = Expert(
-        cfg,
+        session.records,
+        session.loop,
         trainer.step,
         trainer.recompute_log_probs,
-        functools.partial(serve_policy, stage, trainer, cfg.expert_name, cfg.adapter_dir),
-        functools.partial(trainer.save, cfg.policy_dir) if keep_on_disk else None,
+        functools.partial(serve_policy, stage, trainer, policy.name, paths.adapter_dir),
+        functools.partial(trainer.save, paths.policy_dir) if keep_on_disk else None,
         monitor,
     )
     [result] = await grpo_loop(stage.context, [expert])
     if trainer.full:
-        trainer.save(cfg.policy_dir)
+        trainer.save(paths.policy_dir)
     return result
+
+
+def stage_monitor(
+    values: Mapping[str, Any], url: str, model_dir: Path, adapter_name: str | None, policy_dir: Path
+) -> StageMonitor | None:
+    """The stage's forgetting monitor (None: no earlier domain to watch), its suite's stage-bound datasets bound by
+    the recipes' stage reader (:func:`~aclarena_slime.recipes.compiler.read_stage`), as the slime backend's are."""
+    return StageMonitor.for_stage(values, url, model_dir, adapter_name, policy_dir, stages=_read_stage)
+
+
+def _read_stage(stage: str, env: str) -> Any:
+    """:func:`~aclarena_slime.recipes.compiler.read_stage`, its compiler loaded when a suite names a stage."""
+    from aclarena_slime.recipes.compiler import read_stage
+
+    return read_stage(stage, env)
 
 
 @dataclass
@@ -380,17 +389,17 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
     evaluated again at the end. Returns each expert's figures, in order."""
     runs = []
     for expert in experts:
-        cfg = expert.cfg
+        records, loop = expert.records, expert.loop
         await expert.publish(False)
-        split = stage_records(context.env(cfg.env), cfg)
-        train = replay_mixture(cfg, split.train, context.env_configs)  # the replay baseline (else as is)
-        validating = split.validation if cfg.validation_eval else []  # the validation prompts evaluated
-        runs.append(_Run(expert, split, PromptStream(train), asyncio.Semaphore(cfg.max_concurrency),
-                         in_stage(split, cfg.stage_eval), validating, step_sampling(cfg), eval_sampling(cfg)))  # fmt: skip
-    first = experts[0].cfg
-    total = max(e.cfg.steps for e in experts)
+        split = stage_records(context.env(records.env), records)
+        train = replay_mixture(records, split.train, context.env_configs)  # the replay baseline (else as is)
+        validating = split.validation if loop.validation_eval else []  # the validation prompts evaluated
+        runs.append(_Run(expert, split, PromptStream(train), asyncio.Semaphore(loop.max_concurrency),
+                         in_stage(split, loop.stage_eval), validating, loop.sampling, loop.evaluation))  # fmt: skip
+    first = experts[0].loop
+    total = max(e.loop.steps for e in experts)
     with progress_bar(first.progress) as progress:
-        task = progress.add_task(f"{'+'.join(e.cfg.env for e in experts)}: evaluating", total=total + 2)
+        task = progress.add_task(f"{'+'.join(e.records.env for e in experts)}: evaluating", total=total + 2)
         before = await asyncio.gather(*(_evaluations(context, run, 0) for run in runs))
         progress.advance(task)
         for run in runs:
@@ -399,7 +408,7 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
             if run.expert.monitor:
                 await run.expert.monitor.check(0)
         for step in range(total):
-            active = [run for run in runs if step < run.expert.cfg.steps and not run.stopped]
+            active = [run for run in runs if step < run.expert.loop.steps and not run.stopped]
             if not active:
                 break
             t0 = time.monotonic()
@@ -411,15 +420,15 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
             for run in active:
                 run.steps[-1]["seconds"] = round(time.monotonic() - t0, 3)
             progress.update(task, advance=1, description=", ".join(
-                f"{run.expert.cfg.env}: step {step + 1}/{run.expert.cfg.steps} reward {run.steps[-1]['reward_mean']:.3f}"
+                f"{run.expert.records.env}: step {step + 1}/{run.expert.loop.steps} reward {run.steps[-1]['reward_mean']:.3f}"
                 for run in active))  # fmt: skip
             for run in active:
-                cfg = run.expert.cfg
+                env, interval = run.expert.records.env, run.expert.loop.validation_interval
                 if first.progress:
-                    progress.console.print(("" if len(runs) == 1 else f"{cfg.env} ") + step_line(run.steps[-1]))
+                    progress.console.print(("" if len(runs) == 1 else f"{env} ") + step_line(run.steps[-1]))
                 if run.expert.monitor and await run.expert.monitor.check(step + 1):
                     run.stopped = True  # the monitor's action "stop": an earlier domain fell
-                elif run.validating and cfg.validation_interval and (step + 1) % cfg.validation_interval == 0:
+                elif run.validating and interval and (step + 1) % interval == 0:
                     run.validation.append(await validate(context, run.validating, run.evaluation, run.limit, step + 1))
         for run in runs:
             if run.validating and run.validation[-1]["step"] != len(run.steps):
@@ -446,7 +455,7 @@ async def _evaluations(
 async def _train_step(run: _Run, sampled: SampledStep, step: int) -> None:
     """One expert's GRPO step on its groups: the parity check on its first batch with tokens, the update, the
     policy published (the real backend's sync: unload, then load) and saved where the monitor reads it."""
-    expert, cfg = run.expert, run.expert.cfg
+    expert = run.expert
     batch = [to_train_sample(s) for group in sampled.kept for s in group if s.usable]
     unchecked = not any("parity_mean_abs" in record for record in run.steps)
     tokens = any(sum(s.loss_mask) for s in batch)
@@ -459,7 +468,7 @@ async def _train_step(run: _Run, sampled: SampledStep, step: int) -> None:
         {
             "step": step,
             **rollout_figures([s for group in sampled.rolled_out for s in group]),
-            **(sampled.figures() if cfg.dynamic_sampling else {}),
+            **(sampled.figures() if expert.loop.dynamic_sampling else {}),
             **stats,
             **checked,
         }
@@ -483,31 +492,32 @@ def _figures(
     }
 
 
-async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
+async def sft_phase(session: LocalSession, stage: ServedStage, trainer: PolicyTrainer) -> dict[str, Any]:
     """An SFT warm-start stage: the starting policy's rollouts on the stage's prompts (the teacher), kept by
-    the recipe's filter (the SFT data pipeline's rules), ``sft_epochs`` passes over what is kept, each in
-    ``steps_per_rollout`` optimiser steps on contiguous parts (slime's global batch, as a GRPO step takes it)."""
-    await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False)
-    split = stage_records(stage.env, cfg)
-    limit = asyncio.Semaphore(cfg.max_concurrency)
-    held_out, evaluation = in_stage(split, cfg.stage_eval), eval_sampling(cfg)
-    before = await evaluate(stage.context, held_out, evaluation, limit)
-    teacher = await rollout_step(stage.context, split.train, step_sampling(cfg), 0, limit)
-    kept, report = keep(teacher, cfg.env, sft_filter(cfg))
+    the recipe's filter (the SFT data pipeline's rules), ``sft.epochs`` passes over what is kept, each in
+    ``sft.steps_per_epoch`` optimiser steps on contiguous parts (slime's global batch, as a GRPO step takes it)."""
+    policy, paths, loop, sft = session.policy, session.paths, session.loop, session.sft
+    await serve_policy(stage, trainer, policy.name, paths.adapter_dir, loaded=False)
+    split = stage_records(stage.env, session.records)
+    limit = asyncio.Semaphore(loop.max_concurrency)
+    held_out = in_stage(split, loop.stage_eval)
+    before = await evaluate(stage.context, held_out, loop.evaluation, limit)
+    teacher = await rollout_step(stage.context, split.train, loop.sampling, 0, limit)
+    kept, report = keep(teacher, session.env, sft_filter(sft))
     examples = rollout_examples(kept)
     steps = []
-    for epoch in range(cfg.sft_epochs if examples else 0):
-        for start, end in contiguous_parts(len(examples), cfg.steps_per_rollout):
+    for epoch in range(sft.epochs if examples else 0):
+        for start, end in contiguous_parts(len(examples), sft.steps_per_epoch):
             stats = await asyncio.to_thread(trainer.sft_step, examples[start:end])
             steps.append({"epoch": epoch, "samples": float(end - start), **stats})
-    await serve_policy(stage, trainer, cfg.expert_name, cfg.adapter_dir, loaded=True)
-    after = await evaluate(stage.context, held_out, evaluation, limit)
+    await serve_policy(stage, trainer, policy.name, paths.adapter_dir, loaded=True)
+    after = await evaluate(stage.context, held_out, loop.evaluation, limit)
     if trainer.full:
-        trainer.save(cfg.policy_dir)
+        trainer.save(paths.policy_dir)
     return {
         "teacher_rollouts": len(teacher),
         "kept": len(kept),
-        "filter": report.to_dict().get(cfg.env, {}),
+        "filter": report.to_dict().get(session.env, {}),
         "eval_before": before,
         "eval_after": after,
         "steps": steps,
@@ -515,11 +525,11 @@ async def sft_phase(cfg: LocalStageConfig, stage: ServedStage, trainer: PolicyTr
     }
 
 
-def sft_filter(cfg: LocalStageConfig) -> MixtureSettings:
+def sft_filter(sft: SftStage) -> MixtureSettings:
     """The recipe's ``aclarena_sft_filter`` as the SFT data pipeline's settings (its own one conversion)."""
-    if cfg.sft_filter is None:
+    if sft.filter is None:
         raise LocalStageError("an SFT stage needs custom.aclarena_sft_filter (min_reward, statuses, max_tokens)")
-    return cfg.sft_filter.mixture()
+    return sft.filter.mixture()
 
 
 def keep(samples: Sequence[Sample], domain: str, settings: MixtureSettings) -> tuple[list[Sample], Any]:
@@ -556,81 +566,79 @@ def rollout_examples(samples: Sequence[Sample]) -> list[SftExample]:
 WARM_START_RECORD = "warm_start.json"  # in the warm-started backbone's folder: its key and report
 
 
-def warm_start_key(cfg: LocalStageConfig, records: StageRecords) -> str:
+def warm_start_key(session: LocalSession, records: StageRecords) -> str:
     """What the warm-started backbone and its report are made of, as one string: the SFT settings, the records it
     trains on and the held-out ones it reports on (their content, so a changed data file is a new warm start),
     the env and its gold demos, the model it starts from, the seed, and what sets its numerics (threads, the
     engine's batches). A setting it does not read (the RL phase's) does not enter it."""
+    warm, loop, engine, model = _warm(session), session.loop, session.engine, session.model
     records_digest = hashlib.sha256(
-        json.dumps([records.warm_start, in_stage(records, cfg.stage_eval)], sort_keys=True, default=str).encode()
+        json.dumps([records.warm_start, in_stage(records, loop.stage_eval)], sort_keys=True, default=str).encode()
     ).hexdigest()
+    evaluation, replay = loop.evaluation, session.records.replay
     consumed = {
-        "sft": dataclasses.asdict(warm_start_settings(cfg)),
+        "sft": dataclasses.asdict(warm.sft),
         "records": records_digest,
-        "env": [cfg.env, cfg.env_config],
-        "demos": [cfg.warm_start_demos, cfg.warm_start_min_reward, cfg.max_response_len, cfg.response_budget],
-        "replay": cfg.replay if cfg.replay.get("enabled") else None,
-        "evaluation": [cfg.eval_samples, cfg.eval_temperature, cfg.eval_top_p, cfg.eval_budget, cfg.stage_eval],
-        "model": [cfg.model_source, cfg.tiny_vocab_size, cfg.tiny_hidden_size, cfg.tiny_layers],
-        "seed": cfg.seed,
-        "numerics": [cfg.torch_threads, dataclasses.asdict(cfg.engine_settings), cfg.max_concurrency],
+        "env": [session.env, session.records.env_config],
+        "demos": [warm.demos, warm.min_reward, engine.budgets.max_response_len, engine.budgets.mode],
+        "replay": replay if replay.get("enabled") else None,
+        "evaluation": [evaluation.samples, evaluation.temperature, evaluation.top_p, evaluation.max_new_tokens,
+                       loop.stage_eval],  # fmt: skip
+        "model": [model.source, model.shape.vocab_size, model.shape.hidden_size, model.shape.num_layers],
+        "seed": session.seed,
+        "numerics": [model.torch_threads, dataclasses.asdict(engine.settings), loop.max_concurrency],
     }
     return json.dumps(consumed, sort_keys=True, default=str)
 
 
-async def cached_warm_start(cfg: LocalStageConfig, key: str | None = None) -> dict[str, Any] | None:
+def _warm(session: LocalSession) -> WarmStart:
+    if session.warm_start is None:
+        raise LocalStageError("the stage has no warm start (cluster.local.warm_start_steps is 0)")
+    return session.warm_start
+
+
+async def cached_warm_start(session: LocalSession, key: str | None = None) -> dict[str, Any] | None:
     """The warm start's report when ``warm_start_dir`` holds one made of the same (:func:`warm_start_key`; ``key``
     when already taken), else None."""
-    record = cfg.warm_start_dir / WARM_START_RECORD
+    record = session.paths.warm_start_dir / WARM_START_RECORD
     try:
         saved = json.loads(record.read_text())
     except (OSError, ValueError):
         return None
-    key = key if key is not None else warm_start_key(cfg, await offline_records(cfg))
+    key = key if key is not None else warm_start_key(session, await offline_records(session.records))
     return saved.get("warm_start") if saved.get("key") == key else None
 
 
-async def warm_start_phase(cfg: LocalStageConfig, model_dir: Path) -> tuple[Path, dict[str, Any]]:
+async def warm_start_phase(session: LocalSession, model_dir: Path) -> tuple[Path, dict[str, Any]]:
     """Evaluate the base model, build SFT examples from the env's gold demos, fine-tune: the new backbone.
 
     A warm start already in the output folder with the same settings (and seed) is reused: the runs that
     change only the RL settings skip its cost (``cached`` in the report)."""
-    key = warm_start_key(cfg, await offline_records(cfg))
-    cached = await cached_warm_start(cfg, key)
+    key = warm_start_key(session, await offline_records(session.records))
+    cached = await cached_warm_start(session, key)
+    folder = session.paths.warm_start_dir
     if cached is not None:
-        backbone = cfg.warm_start_dir.resolve()
+        backbone = folder.resolve()
         return backbone, {**cached, "backbone": str(backbone), "cached": True, "engine_generated_tokens": 0}
-    before, examples, demos, generated = await warm_start_examples(cfg, model_dir)
-    settings = warm_start_settings(cfg)
-    (cfg.warm_start_dir / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
-    backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, settings, cfg.warm_start_dir, cfg.seed)
+    before, examples, demos, generated = await warm_start_examples(session, model_dir)
+    (folder / WARM_START_RECORD).unlink(missing_ok=True)  # a half-written backbone is never reused
+    backbone, sft = await asyncio.to_thread(warm_start, model_dir, examples, _warm(session).sft, folder, session.seed)
     report = {"eval_before": before, **demos, "sft": sft, "backbone": str(backbone)}
     write_json_atomic(backbone / WARM_START_RECORD, {"key": key, "warm_start": report})
     return backbone, {**report, "cached": False, "engine_generated_tokens": generated}
 
 
-async def policy_warm_start(cfg: LocalStageConfig, model_dir: Path, trainer: PolicyTrainer) -> dict[str, Any]:
+async def policy_warm_start(session: LocalSession, model_dir: Path, trainer: PolicyTrainer) -> dict[str, Any]:
     """The warm start into the stage's policy (``warm_start_target: policy``): the same SFT on the gold demos,
-    on the trainer's parameters (a LoRA expert: the backbone stays as it is, shared by other experts)."""
-    before, examples, demos, generated = await warm_start_examples(cfg, model_dir)
-    settings = warm_start_settings(cfg)
+    on the trainer's parameters (a LoRA expert: the backbone stays as it is, shared by other experts). Its SFT
+    schedule is the recipe's ``cluster.local.warm_start_*`` with the stage's KL term (``algorithm.use_kl_loss``:
+    the KL anchor acts on the warm start too), as for a backbone target."""
+    before, examples, demos, generated = await warm_start_examples(session, model_dir)
+    settings = _warm(session).sft
     reference = trainer.reference if settings.kl_coef else None
-    sft = await asyncio.to_thread(train_sft, trainer.model, examples, settings, trainer.pad_id, cfg.seed, reference)
+    sft = await asyncio.to_thread(train_sft, trainer.model, examples, settings, trainer.pad_id, session.seed, reference)
     return {"eval_before": before, **demos, "sft": sft, "target": "policy", "cached": False,
             "engine_generated_tokens": generated}  # fmt: skip
-
-
-def warm_start_settings(cfg: LocalStageConfig) -> SftSettings:
-    """The warm start's SFT schedule (the recipe's ``cluster.local.warm_start_*``), the same for a backbone or an
-    expert target, with the stage's KL term (``algorithm.use_kl_loss``: the KL anchor acts on the warm start too)."""
-    return SftSettings(
-        steps=cfg.warm_start_steps,
-        batch_size=cfg.warm_start_batch_size,
-        lr=cfg.warm_start_lr,
-        micro_batch_size=cfg.micro_batch_size,
-        kl_coef=cfg.kl_coef,
-        kl_loss_type=cfg.kl_loss_type,
-    )
 
 
 def load_reference(model_dir: Path) -> Any:
@@ -642,35 +650,35 @@ def load_reference(model_dir: Path) -> Any:
 
 
 async def warm_start_examples(
-    cfg: LocalStageConfig, model_dir: Path
+    session: LocalSession, model_dir: Path
 ) -> tuple[Any, list[SftExample], dict[str, Any], int]:
     """The base model's held-out reward, the SFT examples, what went into them, and the tokens the engine generated.
 
     The examples are the env's gold demo trajectories (those scoring at least the warm start's bar); with the
-    replay baseline (``cfg.replay``) the warm-start records are the replay mixture, the GRPO phase's mechanism
-    and shares, of the stage's own records and the earlier domains' with gold demos, each replayed through its
-    own env at its own stage's budget and bar. The report: ``demos`` (the own env's replay), and with replay
-    ``replayed`` (each earlier env's) and ``mixed`` (the examples per env)."""
-    replayed = dict(cfg.replay.get("warm_start") or {}) if cfg.replay.get("enabled") else {}
-    async with served_stage(cfg, model_dir) as stage:
-        records = stage_records(stage.env, cfg)
-        with progress_bar(cfg.progress) as progress:
-            task = progress.add_task(f"{cfg.env}: evaluating the base model", total=2)
-            held_out, limit = in_stage(records, cfg.stage_eval), asyncio.Semaphore(cfg.max_concurrency)
-            before = await evaluate(stage.context, held_out, eval_sampling(cfg), limit)
-            progress.update(task, advance=1, description=f"{cfg.env}: replaying gold demos")
+    replay baseline (the records' ``replay``) the warm-start records are the replay mixture, the GRPO phase's
+    mechanism and shares, of the stage's own records and the earlier domains' with gold demos, each replayed
+    through its own env at its own stage's budget and bar. The report: ``demos`` (the own env's replay), and with
+    replay ``replayed`` (each earlier env's) and ``mixed`` (the examples per env)."""
+    warm, loop, settings, budgets, env_tag = _warm(session), session.loop, session.records, session.engine.budgets, session.env
+    replayed = dict(settings.replay.get("warm_start") or {}) if settings.replay.get("enabled") else {}
+    async with served_stage(session.engine, model_dir, functools.partial(stage_env_configs, settings)) as stage:
+        records = stage_records(stage.env, settings)
+        with progress_bar(loop.progress) as progress:
+            task = progress.add_task(f"{env_tag}: evaluating the base model", total=2)
+            held_out, limit = in_stage(records, loop.stage_eval), asyncio.Semaphore(loop.max_concurrency)
+            before = await evaluate(stage.context, held_out, loop.evaluation, limit)
+            progress.update(task, advance=1, description=f"{env_tag}: replaying gold demos")
             mixed = replay_mixture(
-                cfg, records.warm_start, stage.context.env_configs, cfg.warm_start_batch_size, list(replayed)
+                settings, records.warm_start, stage.context.env_configs, warm.sft.batch_size, list(replayed)
             )
             by_env: dict[str, list[dict[str, Any]]] = {}
             for record in mixed:
                 by_env.setdefault(record["metadata"]["env"], []).append(record)
-            own = {"demos": cfg.warm_start_demos, "max_response_len": cfg.max_response_len,
-                   "min_reward": cfg.warm_start_min_reward}  # fmt: skip
+            own = {"demos": warm.demos, "max_response_len": budgets.max_response_len, "min_reward": warm.min_reward}
             examples: list[SftExample] = []
             reports: dict[str, dict[str, Any]] = {}
             for tag, tag_records in by_env.items():
-                demos = own if tag == cfg.env else replayed[tag]
+                demos = own if tag == env_tag else replayed[tag]
                 env = stage.context.env(tag)
                 best = env.reward_range[1] if demos.get("min_reward") is None else demos["min_reward"]
                 tag_examples, replay = await demo_examples(
@@ -678,21 +686,21 @@ async def warm_start_examples(
                     stage.context.chat,
                     tag_records,
                     load_demo_turns(str(demos["demos"])),
-                    Budgets(max_response_len=int(demos["max_response_len"]), mode=cfg.response_budget),
+                    Budgets(max_response_len=int(demos["max_response_len"]), mode=budgets.mode),
                     best,
                 )
                 examples += tag_examples
                 reports[tag] = {"records": len(tag_records), "examples": len(tag_examples), **replay.as_dict()}
             progress.advance(task)
-    if not reports[cfg.env]["examples"]:
+    if not reports[env_tag]["examples"]:
         raise LocalStageError(
-            f"no gold demo trajectory of {cfg.warm_start_demos} scored at least the warm start's bar within "
-            f"max_response_len={cfg.max_response_len} ({reports[cfg.env]}); nothing to warm-start on"
+            f"no gold demo trajectory of {warm.demos} scored at least the warm start's bar within "
+            f"max_response_len={budgets.max_response_len} ({reports[env_tag]}); nothing to warm-start on"
         )
-    report: dict[str, Any] = {"demos": {k: v for k, v in reports[cfg.env].items() if k not in ("records", "examples")}}
+    report: dict[str, Any] = {"demos": {k: v for k, v in reports[env_tag].items() if k not in ("records", "examples")}}
     if replayed:
         report["mixed"] = {tag: r["examples"] for tag, r in reports.items()}
-        report["replayed"] = {tag: r for tag, r in reports.items() if tag != cfg.env}
+        report["replayed"] = {tag: r for tag, r in reports.items() if tag != env_tag}
     return before, examples, report, stage.engine.generated_tokens
 
 

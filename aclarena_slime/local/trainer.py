@@ -44,45 +44,26 @@ class TrainSample:
     group: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainSettings:
-    """The optimiser and the loss: AdamW (lr, betas, weight decay), and the loss's settings (:attr:`loss`).
-
-    ``kl_coef`` > 0 adds ``kl_coef`` times the KL to the reference policy (the policy the stage started from),
-    estimated as slime's ``kl_loss_type`` does (:func:`approx_kl`), aggregated as the policy loss is.
+    """The optimiser and the loss: AdamW (lr, betas, weight decay) on the recipe's loss (:class:`LossSettings`), and
+    how a GRPO step's rollouts are cut into optimiser steps. No defaults: the stage's builder fills every value from
+    the recipe (:func:`aclarena_slime.local.session.open_session`), whose defaults are the only ones.
     """
 
-    lr: float = 1e-3
-    temperature: float = 1.0
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    updates_per_step: int = 1  # passes over a step's rollouts (PPO epochs; the local backend's own)
-    minibatches: int = 1  # optimiser steps per pass, each on a contiguous part (slime's num_steps_per_rollout)
-    micro_batch_size: int = 8
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    kl_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
-    advantage_estimator: str = "grpo"
-    per_token_loss: bool = False  # slime's calculate_per_token_loss; else the per-sample mean
+    loss: LossSettings
+    lr: float
+    adam_betas: tuple[float, float]
+    weight_decay: float
+    temperature: float  # the rollouts' sampling temperature: the log-probs are of the same distribution
+    updates_per_step: int  # passes over a step's rollouts (PPO epochs; the local backend's own)
+    minibatches: int  # optimiser steps per pass, each on a contiguous part (slime's num_steps_per_rollout)
+    micro_batch_size: int
+    max_grad_norm: float = 1.0  # slime's clip_grad default; no recipe key sets it
 
     def __post_init__(self) -> None:
-        _ = self.loss  # checks the loss's settings
         if self.minibatches < 1:
             raise ValueError(f"minibatches must be >= 1, got {self.minibatches!r}")
-
-    @property
-    def loss(self) -> LossSettings:
-        """The loss by the recipe's names (:mod:`aclarena_slime.local.losses`)."""
-        return LossSettings(
-            estimator=self.advantage_estimator,
-            per_token=self.per_token_loss,
-            clip_low=self.clip_eps_low,
-            clip_high=self.clip_eps_high,
-            kl_coef=self.kl_coef,
-            kl_loss_type=self.kl_loss_type,
-        )
 
 
 def advantage_figures(advantages: Sequence[float], groups: Sequence[int]) -> dict[str, float]:
@@ -131,7 +112,7 @@ class PolicyTrainer:
 
     Two kinds, as the recipe's ``lora.enabled`` says: a LoRA expert on a frozen backbone (the adapter is
     exported as a PEFT directory and the engine reloads it), or full fine-tuning (every parameter; the
-    engine's weights are updated in place after each step, :meth:`sync_weights`).
+    engine's weights are updated in place after each step, ``LocalEngine.update_weights``).
     """
 
     def __init__(
@@ -202,7 +183,7 @@ class PolicyTrainer:
         taken).
         """
         usable = [s for s in samples if s.response_length > 0 and sum(s.loss_mask) > 0]
-        adv_all = advantages(self.settings.advantage_estimator, [s.reward for s in usable], [s.group for s in usable])
+        adv_all = advantages(self.settings.loss.estimator, [s.reward for s in usable], [s.group for s in usable])
         out = {"samples": float(len(usable)), "loss_tokens": float(_tokens(usable)), "loss": 0.0, "clip_frac": 0.0}
         out.update(advantage_figures(adv_all, [s.group for s in usable]))
         out["updates"] = 0.0
@@ -214,7 +195,7 @@ class PolicyTrainer:
             for part, (start, end) in enumerate(parts):
                 batch, adv = usable[start:end], adv_all[start:end]
                 first = epoch == 0 and part == 0
-                if not self.settings.kl_coef and not any(abs(a) > 1e-8 for a in adv):  # one reward per group
+                if not self.settings.loss.kl_coef and not any(abs(a) > 1e-8 for a in adv):  # one reward per group
                     if first:
                         with torch.no_grad():
                             out.update(self._measure(batch, adv, _tokens(batch)))
@@ -334,12 +315,6 @@ class PolicyTrainer:
             log_p = torch.log_softmax(windows.detach().float() / self.settings.temperature, dim=-1)
             entropy = -(log_p.exp() * log_p).sum(-1)
         return new, old, mask, adv, entropy
-
-    def sync_weights(self, engine_model: Any) -> None:
-        """Full fine-tuning: copy the trained weights into the engine's model, in place (the local analogue
-        of slime's weight update; a LoRA expert syncs through its adapter directory instead)."""
-        with torch.no_grad():
-            engine_model.load_state_dict(self.model.state_dict())
 
     def save(self, directory: str | Path) -> Path:
         """Export the policy, replacing ``directory`` atomically (never half-written): the adapter as a PEFT

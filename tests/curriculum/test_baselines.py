@@ -13,6 +13,7 @@ from aclarena_slime.curriculum.sections import DATA_SOURCE
 from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.local.records import replay_mixture, stage_env_configs
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compiler import compile_recipe
 
@@ -134,10 +135,10 @@ def test_local_replay_runs_the_earlier_env_with_its_own_stages_settings(tmp_path
     retail, ifeval = (local_config(r) for r in runner.recipes)
     assert ifeval.replay["env_config"]["retail"] == dict(retail.env_config)
     url = "http://127.0.0.1:9"
-    configs = stage_env_configs(ifeval, url)
+    configs = stage_env_configs(open_session(ifeval).records, url)
     assert list(configs) == ["ifeval", "retail"] and configs["retail"]["user"]["base_url"] == f"{url}/v1"
     own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(4)]
-    records = replay_mixture(ifeval, own, configs)  # builds the replayed retail env (the crash was here)
+    records = replay_mixture(open_session(ifeval).records, own, configs)  # builds the replayed retail env (the crash was here)
     assert [r["metadata"]["env"] for r in records].count("retail") == 2
 
 

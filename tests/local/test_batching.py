@@ -201,7 +201,7 @@ def test_an_adapter_the_engine_cannot_reproduce_is_refused(engine_model, adapter
 
 def test_a_weight_update_reaches_the_batched_forward(engine_model, tiny_model_dir):
     """The forward's fused q/k/v and gate/up weights are the model's own: an in-place update (the trainer's
-    ``sync_weights`` is ``load_state_dict``) changes what the engine computes."""
+    ``LocalEngine.update_weights`` is ``load_state_dict``) changes what the engine computes."""
     from transformers import AutoModelForCausalLM
 
     from aclarena_slime.local.generation import token_log_probs

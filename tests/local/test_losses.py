@@ -29,6 +29,11 @@ def _padded(rows: list[list[float]]) -> torch.Tensor:
     return torch.tensor([r + [0.0] * (width - len(r)) for r in rows])
 
 
+def _loss(estimator: str, kl_coef: float = 0.0) -> LossSettings:
+    return LossSettings(estimator=estimator, per_token=False, clip_low=0.2, clip_high=0.28, kl_coef=kl_coef,
+                        kl_loss_type="low_var_kl")  # fmt: skip
+
+
 def _settings(case: dict) -> LossSettings:
     s = case["settings"]
     return LossSettings(
@@ -101,17 +106,17 @@ def test_gspo_takes_one_ratio_per_sample():
     """GSPO's ratio is exp of the sample's mean log-ratio: a sample whose tokens moved +0.5 and -0.5 has ratio 1."""
     new, old = torch.tensor([[0.5, -0.5, 3.0]]), torch.zeros(1, 3)
     mask, adv = torch.tensor([[1.0, 1.0, 0.0]]), torch.ones(1, 3)
-    gspo = policy_loss(new, old, adv, mask, LossSettings(estimator="gspo"))
-    grpo = policy_loss(new, old, adv, mask, LossSettings(estimator="grpo"))
+    gspo = policy_loss(new, old, adv, mask, _loss("gspo"))
+    grpo = policy_loss(new, old, adv, mask, _loss("grpo"))
     assert float(gspo.pg_loss) == pytest.approx(-1.0) and float(gspo.clipped) == 0.0
     assert float(grpo.pg_loss) == pytest.approx(-(1.28 + torch.exp(torch.tensor(-0.5)).item()) / 2)
 
 
 def test_an_unknown_estimator_or_a_kl_term_without_a_reference_is_refused():
     with pytest.raises(ValueError, match="advantage_estimator must be one of grpo, gspo, got 'ppo'"):
-        LossSettings(estimator="ppo")
+        _loss("ppo")
     with pytest.raises(ValueError, match="needs the reference"):
-        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), LossSettings(kl_coef=0.1))
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), _loss("grpo", kl_coef=0.1))
 
 
 def _slime_case(case: dict, inputs: dict, monkeypatch) -> tuple[float, list[list[float]]]:

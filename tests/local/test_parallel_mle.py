@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
-from aclarena_slime.local.parallel_mle import MultiExpertTrainer, check_experts, run_parallel_mle
+from aclarena_slime.local.losses import LossSettings
+from aclarena_slime.local.parallel_mle import MultiExpertTrainer, open_experts, run_parallel_mle
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.lora.config import LoraConfig
@@ -38,7 +39,9 @@ def _samples(offset: int) -> list[TrainSample]:
 def test_each_sample_trains_only_its_own_expert(tiny_model_dir):
     """One step of two experts on one backbone equals each expert's step alone, to float32 round-off
     (1e-6); an expert without samples keeps its adapter exactly."""
-    settings = TrainSettings(lr=5e-2, micro_batch_size=2, kl_coef=0.1)
+    settings = TrainSettings(loss=LossSettings(estimator="grpo", per_token=False, clip_low=0.2, clip_high=0.28, kl_coef=0.1,
+                                    kl_loss_type="low_var_kl"), lr=5e-2, adam_betas=(0.9, 0.999), weight_decay=0.0,
+                  temperature=1.0, updates_per_step=1, minibatches=1, micro_batch_size=2)  # fmt: skip
     multi = MultiExpertTrainer.build(tiny_model_dir, {"one": (settings, LORA), "two": (settings, LORA)}, seed=3)
     start_b = multi.adapter_state("two")
     multi.step("one", _samples(0))
@@ -60,12 +63,12 @@ def test_each_sample_trains_only_its_own_expert(tiny_model_dir):
 def test_mismatched_experts_are_refused(tmp_path):
     a = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "a"))
     with pytest.raises(LocalConfigError, match="one expert per env tag"):
-        check_experts([a, a])
+        open_experts([a, a])
     other = LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), seed=1)
     with pytest.raises(LocalConfigError, match="seed"):
-        check_experts([a, other])
+        open_experts([a, other])
     with pytest.raises(LocalConfigError, match="full_finetune"):
-        check_experts([a, LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), full_finetune=True)])
+        open_experts([a, LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), full_finetune=True)])
 
 
 def _cfg(tmp_path, env, **extra):
@@ -98,7 +101,7 @@ def test_experts_side_by_side_end_within_noise_of_experts_alone(tmp_path):
     one PEFT folder per expert and experts.json.
     """
     cfgs = [_cfg(tmp_path, "learnable"), _cfg(tmp_path, "mock", env_config={"max_turns": 2})]
-    together = run_parallel_mle(cfgs, tmp_path / "parallel")
+    together = run_parallel_mle(open_experts(cfgs), tmp_path / "parallel")
     table = ExpertTable.load(tmp_path / "parallel" / "experts.json")
     assert sorted(table.experts) == ["learnable", "mock"]
     moved = 0.0
@@ -127,7 +130,7 @@ def test_parallel_mle_runs_the_stages_grpo_loop(tmp_path):
         _cfg(tmp_path, "learnable", validation_size=2, validation_interval=1, **extra),
         _cfg(tmp_path, "mock", env_config={"max_turns": 2}, **extra),  # a handful of prompts: none to validate on
     ]
-    metrics = run_parallel_mle(cfgs, tmp_path / "parallel")
+    metrics = run_parallel_mle(open_experts(cfgs), tmp_path / "parallel")
     for env, expert in metrics["experts"].items():
         assert expert["steps"][0]["parity_max_abs"] < 1e-3, env
         assert set(expert["eval_greedy"]) == {"before", "after"} and expert["eval_greedy"]["after"]["n"] == 2, env

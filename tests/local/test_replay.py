@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import replay_mixture, replay_records
+from aclarena_slime.local.session import open_session
 
 
 def test_replay_records_hold_the_share_in_every_step():
@@ -25,6 +26,6 @@ def test_the_replay_mixture_mixes_real_env_records():
         replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
     )  # fmt: skip
     own = [{"prompt": "p", "metadata": {"env": "ifeval"}}] * 8
-    records = replay_mixture(cfg, own, {"ifeval": {}, "math": {}})
+    records = replay_mixture(open_session(cfg).records, own, {"ifeval": {}, "math": {}})
     assert [r["metadata"]["env"] for r in records].count("math") == 4
-    assert replay_mixture(LocalStageConfig(env="ifeval", output_dir="x"), own, {}) is own
+    assert replay_mixture(open_session(LocalStageConfig(env="ifeval", output_dir="x")).records, own, {}) is own

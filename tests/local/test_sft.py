@@ -7,7 +7,9 @@ import json
 import pytest
 
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+from aclarena_slime.local.losses import LossSettings
 from aclarena_slime.local.records import Sample
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.spec import local_plan
 from aclarena_slime.local.stage import keep, rollout_examples, run_stage, sft_filter
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSettings
@@ -15,7 +17,7 @@ from aclarena_slime.lora.config import LoraConfig
 
 
 def filter_settings(values):
-    return sft_filter(LocalStageConfig(env="math", output_dir="x", kind="sft", sft_filter=values))
+    return sft_filter(open_session(LocalStageConfig(env="math", output_dir="x", kind="sft", sft_filter=values)).sft)
 
 
 def _sample(reward, status="completed", mask=(1, 1)):
@@ -42,7 +44,10 @@ def test_the_filter_is_the_sft_data_pipelines_own():
 
 def test_sft_steps_lower_the_loss_on_the_kept_tokens(tiny_model_dir):
     lora = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
-    trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2), lora)
+    settings = TrainSettings(loss=LossSettings(estimator="grpo", per_token=False, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                                    kl_loss_type="low_var_kl"), lr=5e-2, adam_betas=(0.9, 0.999), weight_decay=0.0,
+                  temperature=1.0, updates_per_step=1, minibatches=1, micro_batch_size=8)  # fmt: skip
+    trainer = PolicyTrainer.build(tiny_model_dir, settings, lora)
     sample = Sample(prompt="q", metadata={"env": "math"})
     sample.tokens, sample.response_length, sample.loss_mask = [3, 4, 5, 6, 7, 8], 3, [1, 0, 1]
     examples = rollout_examples([sample])

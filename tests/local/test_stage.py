@@ -10,6 +10,7 @@ import torch
 
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import RecordError, bind_engine
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.stage import LocalStageError, run_stage
 from aclarena_slime.plugin import registry
 
@@ -237,8 +238,8 @@ def test_a_sampled_evaluation_gives_each_sample_of_a_prompt_its_own_seed(tmp_pat
     monkeypatch.setattr(stage, "_gather", gather)
     cfg = small(tmp_path, "learnable", eval_temperature=0.7, eval_top_p=0.9, eval_samples=4)
     records = [{"prompt": f"q{i}", "label": "1", "metadata": {"env": "learnable"}} for i in range(3)]
-    sampled = asyncio.run(stage.evaluate(None, records, stage.eval_sampling(cfg), asyncio.Semaphore(4)))
-    greedy = asyncio.run(stage.evaluate(None, records, stage.eval_sampling(cfg), asyncio.Semaphore(4), greedy=True))
+    sampled = asyncio.run(stage.evaluate(None, records, open_session(cfg).loop.evaluation, asyncio.Semaphore(4)))
+    greedy = asyncio.run(stage.evaluate(None, records, open_session(cfg).loop.evaluation, asyncio.Semaphore(4), greedy=True))
     (pairs, params, seed), (greedy_pairs, greedy_params, _) = asked
     assert pairs == [(i, 4 * i + j) for i in range(3) for j in range(4)]  # index -> sampling seed: 12 distinct
     assert (params["temperature"], params["top_p"]) == (0.7, 0.9)

@@ -65,3 +65,17 @@ def test_the_monitor_stays_quiet_when_nothing_is_forgotten_and_keeps_the_policy(
     assert [s for s, _ in report["curves"]["nodigits"]] == [0, 2, 4, 6, 8]
     assert (tmp_path / "stage" / "monitor" / "kept_adapter" / "adapter_config.json").is_file()
     assert "kept_adapter" not in report  # nothing fell: the stage's own adapter is the one to use
+
+
+def test_a_local_monitor_reads_a_stage_bound_suite(tmp_path):
+    """recipes/eval/paper.yaml names the stage each dataset reproduces: the local stage's monitor binds them with the
+    recipes' stage reader (without it: 'load the suite with a stage reader')."""
+    from pathlib import Path
+
+    from aclarena_slime.local.stage import stage_monitor
+
+    paper = Path(__file__).resolve().parents[2] / "recipes" / "eval" / "paper.yaml"
+    monitor = stage_monitor({"enabled": True, "domains": ["math"], "suite": str(paper)}, "http://127.0.0.1:1",
+                            tmp_path, "ifeval", tmp_path / "adapter")  # fmt: skip
+    (aime,) = monitor.suite.datasets
+    assert (aime.name, aime.max_response_len) == ("aime26", 16384)  # stage1_math's budget, from its compiled command

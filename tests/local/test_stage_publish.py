@@ -13,12 +13,13 @@ from aclarena_slime.adapter_swap import AdapterSwapError, verify_checksum
 from aclarena_slime.local import stage as stage_module
 from aclarena_slime.local import trainer as trainer_module
 from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.trainer import PolicyTrainer
 
 
 def test_a_truncated_adapter_file_fails_the_checksum_the_engine_checks(tiny_model_dir, tmp_path, monkeypatch):
     cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), progress=False)
-    trainer = PolicyTrainer.build(tiny_model_dir, stage_module.train_settings(cfg), cfg.lora, seed=0)
+    trainer = PolicyTrainer.build(tiny_model_dir, open_session(cfg).policy.train, cfg.lora, seed=0)
     publish = trainer_module.publish_folder
 
     def truncating(written: Path, directory: Path) -> None:  # a short write: the disk keeps half the weights
@@ -95,27 +96,28 @@ def test_the_warm_start_key_holds_what_the_warm_start_reads(tmp_path):
     cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), data_path=str(data), eval_size=0,
                            warm_start_steps=2, warm_start_records=4, warm_start_demos="json.dumps",
                            progress=False)  # fmt: skip
-    key = stage_module.warm_start_key(cfg, asyncio.run(stage_module.offline_records(cfg)))
+    session = open_session(cfg)
+    key = stage_module.warm_start_key(session, asyncio.run(stage_module.offline_records(session.records)))
     cfg.warm_start_dir.mkdir(parents=True)
     (cfg.warm_start_dir / stage_module.WARM_START_RECORD).write_text(json.dumps({"key": key, "warm_start": {"x": 1}}))
-    assert asyncio.run(stage_module.cached_warm_start(cfg)) == {"x": 1}
+    assert asyncio.run(stage_module.cached_warm_start(session)) == {"x": 1}
     rl_only = LocalStageConfig(**{**cfg.to_dict(), "steps": 3, "lr": 5e-3, "clip_eps_high": 0.3})
-    assert asyncio.run(stage_module.cached_warm_start(rl_only)) == {"x": 1}
+    assert asyncio.run(stage_module.cached_warm_start(open_session(rl_only))) == {"x": 1}
     data.write_text("".join(json.dumps({"prompt": f"another {i}", "label": "b"}) + "\n" for i in range(12)))
-    assert asyncio.run(stage_module.cached_warm_start(cfg)) is None
+    assert asyncio.run(stage_module.cached_warm_start(session)) is None
 
 
 def test_a_published_adapter_is_the_peft_folder_a_chained_stage_continues(tiny_model_dir, tmp_path):
     import torch
 
     cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), progress=False)
-    trainer = PolicyTrainer.build(tiny_model_dir, stage_module.train_settings(cfg), cfg.lora, seed=0)
+    trainer = PolicyTrainer.build(tiny_model_dir, open_session(cfg).policy.train, cfg.lora, seed=0)
     with torch.no_grad():
         for name, param in trainer.model.named_parameters():
             if "lora_B" in name:
                 param.add_(0.01)  # a trained expert: B is no longer 0
     stage_module.write_folder(tmp_path / "adapter", stage_module.adapter_files(trainer.model))
-    chained = PolicyTrainer.build(tiny_model_dir, stage_module.train_settings(cfg), cfg.lora, tmp_path / "adapter", 1)
+    chained = PolicyTrainer.build(tiny_model_dir, open_session(cfg).policy.train, cfg.lora, tmp_path / "adapter", 1)
     mine = {n: p for n, p in trainer.model.named_parameters() if "lora" in n}
     theirs = {n: p for n, p in chained.model.named_parameters() if "lora" in n}
     assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)

@@ -15,6 +15,15 @@ from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettin
 from aclarena_slime.lora.config import LoraConfig
 
 
+def _train(*, kl_coef: float = 0.0, per_token_loss: bool = False, **over) -> TrainSettings:
+    """These tests' trainer: AdamW at the recipe schema's betas, the GRPO loss at slime's clip range; ``over`` wins."""
+    loss = LossSettings(estimator="grpo", per_token=per_token_loss, clip_low=0.2, clip_high=0.28, kl_coef=kl_coef,
+                        kl_loss_type="low_var_kl")  # fmt: skip
+    values = {"lr": 1e-3, "adam_betas": (0.9, 0.999), "weight_decay": 0.0, "temperature": 1.0, "updates_per_step": 1,
+              "minibatches": 1, "micro_batch_size": 8}  # fmt: skip
+    return TrainSettings(loss=loss, **{**values, **over})
+
+
 def grpo_advantages(rewards, groups):
     from aclarena_slime.local.losses import advantages
 
@@ -23,7 +32,8 @@ def grpo_advantages(rewards, groups):
 
 def ppo_clipped_loss(new, old, adv, mask, clip_low, clip_high):
     """The per-token PPO clip, summed over the mask (the token aggregation), and the clipped tokens."""
-    terms = policy_loss(new, old, adv, mask, LossSettings(per_token=True, clip_low=clip_low, clip_high=clip_high))
+    terms = policy_loss(new, old, adv, mask, LossSettings(estimator="grpo", per_token=True, clip_low=clip_low,
+                                                        clip_high=clip_high, kl_coef=0.0, kl_loss_type="low_var_kl"))  # fmt: skip
     return terms.loss, terms.clipped
 
 
@@ -65,7 +75,7 @@ def test_clipped_loss_caps_the_ratio_on_the_side_the_advantage_pushes():
 
 @pytest.fixture
 def trainer(tiny_model_dir):
-    settings = TrainSettings(lr=5e-2, micro_batch_size=2)
+    settings = _train(lr=5e-2, micro_batch_size=2)
     return PolicyTrainer.build(tiny_model_dir, settings, lora(), seed=0)
 
 
@@ -113,7 +123,7 @@ def test_a_step_aggregates_its_loss_as_the_recipe_says(tiny_model_dir, per_token
     """slime's default is the per-sample mean (each sample's token mean, averaged over the samples):
     on-policy (ratio 1) a group's loss is then minus its mean advantage, 0; the token mean (slime's
     calculate_per_token_loss) weighs the longer samples more, here the rewarded 3-token one."""
-    settings = TrainSettings(lr=5e-2, micro_batch_size=1, per_token_loss=per_token)
+    settings = _train(lr=5e-2, micro_batch_size=1, per_token_loss=per_token)
     trainer = PolicyTrainer.build(tiny_model_dir, settings, lora(), seed=0)
     samples = [rollout(trainer, [5, 6, 7], [40, 41, 42], 1.0, 0), rollout(trainer, [5, 6, 7], [90], 0.0, 0)]
     stats = trainer.step(samples)
@@ -162,7 +172,7 @@ def test_full_fine_tuning_changes_the_backbone_and_lora_does_not(tiny_model_dir,
     """lora.enabled=false on the local backend: every parameter trains (AdamW), and the export is a model folder."""
     from transformers import AutoModelForCausalLM
 
-    settings = TrainSettings(lr=1e-2, micro_batch_size=2, weight_decay=0.1, adam_betas=(0.9, 0.98))
+    settings = _train(lr=1e-2, micro_batch_size=2, weight_decay=0.1, adam_betas=(0.9, 0.98))
     full = PolicyTrainer.build(tiny_model_dir, settings, None, seed=0)
     assert full.full and len(full.params) == len(list(full.model.parameters()))
     assert (
@@ -184,14 +194,14 @@ def test_full_fine_tuning_changes_the_backbone_and_lora_does_not(tiny_model_dir,
 
 
 def test_full_fine_tuning_syncs_its_weights_into_the_engine(tiny_model_dir):
-    from aclarena_slime.local.generation import MultiLoraModel
+    from aclarena_slime.local.engine import open_engine
 
-    trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=1e-2, micro_batch_size=2), None, seed=0)
-    engine = MultiLoraModel.from_pretrained(tiny_model_dir)
+    trainer = PolicyTrainer.build(tiny_model_dir, _train(lr=1e-2, micro_batch_size=2), None, seed=0)
+    engine = open_engine(tiny_model_dir, seed=0)
     trainer.step(_group(trainer))
-    assert not torch.equal(engine.base.lm_head.weight, trainer.model.lm_head.weight)
-    trainer.sync_weights(engine.base)
-    assert torch.equal(engine.base.lm_head.weight, trainer.model.lm_head.weight)
+    assert not torch.equal(engine.model.base.lm_head.weight, trainer.model.lm_head.weight)
+    engine.update_weights(trainer.model.state_dict())  # the stage's sync (stage.serve_policy)
+    assert torch.equal(engine.model.base.lm_head.weight, trainer.model.lm_head.weight)
 
 
 def test_the_kl_estimators_are_slimes_on_fixed_tensors():
@@ -217,14 +227,14 @@ def test_the_kl_term_is_zero_at_the_reference_and_changes_the_loss_away_from_it(
     lora = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "lm_head"])
     runs = {}
     for coef in (0.0, 1.0):
-        trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, updates_per_step=2, kl_coef=coef), lora)
+        trainer = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, updates_per_step=2, kl_coef=coef), lora)
         samples = _group(trainer)
         runs[coef] = (trainer.step(samples), [p.detach().clone() for p in trainer.params])
     plain, anchored = runs[0.0][0], runs[1.0][0]
     assert "kl" not in plain and anchored["kl"] > 0  # after the first update the policy has left the reference
     assert anchored["loss"] != pytest.approx(plain["loss"], rel=1e-6, abs=1e-9)
     assert any(not torch.equal(a, b) for a, b in zip(runs[0.0][1], runs[1.0][1], strict=True))
-    at_reference = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, kl_coef=1.0), lora)
+    at_reference = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, kl_coef=1.0), lora)
     samples = _group(at_reference)
     with torch.no_grad():
         new, _, mask, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0])
@@ -243,8 +253,8 @@ def test_minibatches_are_slimes_steps_per_rollout_one_optimiser_step_per_contigu
     """rollout.global_batch_size below a rollout's samples: slime trains the rollout in contiguous steps of that
     many samples. Two parts of whole groups train exactly as the two halves stepped one after the other."""
     lora_config = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
-    split = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, minibatches=2), lora_config, seed=0)
-    halves = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2), lora_config, seed=0)
+    split = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, minibatches=2), lora_config, seed=0)
+    halves = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2), lora_config, seed=0)
     first, second = _two_groups(split)
     stats = split.step(first + second)
     assert stats["updates"] == 2.0 and "skipped" not in stats
@@ -253,18 +263,18 @@ def test_minibatches_are_slimes_steps_per_rollout_one_optimiser_step_per_contigu
     halves.step(second)
     for a, b in zip(split.params, halves.params, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
-    one = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2), lora_config, seed=0)
+    one = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2), lora_config, seed=0)
     assert one.step(first + second)["updates"] == 1.0
     assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(one.params, split.params, strict=True))
 
 
 def test_a_part_whose_groups_all_score_alike_is_skipped(tiny_model_dir):
     lora_config = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
-    trainer = PolicyTrainer.build(tiny_model_dir, TrainSettings(lr=5e-2, minibatches=2), lora_config, seed=0)
+    trainer = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, minibatches=2), lora_config, seed=0)
     first, second = _two_groups(trainer)
     uniform = [TrainSample(s.tokens, s.response_length, s.loss_mask, s.rollout_log_probs, 1.0, 0) for s in first]
     stats = trainer.step(uniform + second)
     assert stats["updates"] == 1.0 and "skipped" not in stats
     assert "entropy" in stats and "grad_norm" not in stats  # the first part measured, not trained
     with pytest.raises(ValueError, match="minibatches"):
-        TrainSettings(minibatches=0)
+        _train(minibatches=0)

@@ -18,6 +18,7 @@ from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
 from aclarena_slime.local.records import RecordError, prompt_key, stage_records
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
 from aclarena_slime.local.stage import cached_warm_start, tokenizer_texts
 from aclarena_slime.local.tiny_model import TinyShape, build_tiny_tokenizer
@@ -167,7 +168,7 @@ def test_held_out_prompts_are_never_training_prompts(tmp_path):
         warm_start_demos="aclarena_envs.math.data.demo_turns",
         warm_start_records=512,
     )
-    split = stage_records(env, cfg)
+    split = stage_records(env, open_session(cfg).records)
     held_out = {prompt_key(r) for r in split.evaluation}
     assert len(split.evaluation) == 64 and len(split.train) == 128 and len(split.warm_start) == 512
     assert not held_out & {prompt_key(r) for r in split.train + split.warm_start}
@@ -176,12 +177,12 @@ def test_held_out_prompts_are_never_training_prompts(tmp_path):
     # A data file that holds evaluation prompts loses them too, and says how many.
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in split.evaluation[:5] + split.train[:5]))
-    from_file = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)}))
+    from_file = stage_records(env, open_session(LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)})).records)
     assert from_file.overlap_dropped == 5 and not held_out & {prompt_key(r) for r in from_file.train}
 
     data.write_text("".join(json.dumps(r) + "\n" for r in split.evaluation[:5]))
     with pytest.warns(UserWarning, match="not held out"):  # nothing else to train on: kept, and said
-        only_eval = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)}))
+        only_eval = stage_records(env, open_session(LocalStageConfig(**{**cfg.to_dict(), "data_path": str(data)})).records)
     assert not only_eval.held_out and only_eval.counts()["held_out"] is False
     asyncio.run(env.aclose())
 
@@ -201,10 +202,10 @@ def test_rl_prompts_are_not_the_warm_starts_prompts(tmp_path):
         warm_start_demos="aclarena_envs.search.data.demo_turns",
         warm_start_records=64,
     )
-    split = stage_records(env, cfg)
+    split = stage_records(env, open_session(cfg).records)
     assert len(split.train) == 32 and len(split.warm_start) == 64
     assert not {prompt_key(r) for r in split.train} & {prompt_key(r) for r in split.warm_start}
-    longer = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "steps": 8}))
+    longer = stage_records(env, open_session(LocalStageConfig(**{**cfg.to_dict(), "steps": 8})).records)
     assert longer.warm_start == split.warm_start and longer.train[:32] == split.train
     asyncio.run(env.aclose())
 
@@ -224,24 +225,24 @@ def test_validation_prompts_come_out_of_the_rl_records_and_are_never_trained_on(
         warm_start_records=64,
         validation_size=16,
     )
-    split = stage_records(env, cfg)
+    split = stage_records(env, open_session(cfg).records)
     checked = [prompt_key(r) for r in split.validation]
     assert len(split.validation) == len(set(checked)) == 16 and split.counts()["validation"] == 16
     others = split.train + split.warm_start + split.evaluation
     assert not set(checked) & {prompt_key(r) for r in others}
-    without = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "validation_size": 0}))
+    without = stage_records(env, open_session(LocalStageConfig(**{**cfg.to_dict(), "validation_size": 0})).records)
     assert without.warm_start == split.warm_start and without.validation == []  # the warm start stays valid
-    longer = stage_records(env, LocalStageConfig(**{**cfg.to_dict(), "steps": 8}))
+    longer = stage_records(env, open_session(LocalStageConfig(**{**cfg.to_dict(), "steps": 8})).records)
     assert longer.validation == split.validation and longer.train[:32] == split.train
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in split.train[:10]))
     from_file = {**cfg.to_dict(), "data_path": str(data), "warm_start_steps": 0}
     with pytest.raises(RecordError, match="validation_size=16: only"):
-        stage_records(env, LocalStageConfig(**from_file))
+        stage_records(env, open_session(LocalStageConfig(**from_file)).records)
     distinct = len({prompt_key(r) for r in split.train[:10]})
     with pytest.raises(RecordError, match="leaves no RL prompt"):
-        stage_records(env, LocalStageConfig(**{**from_file, "validation_size": distinct}))
+        stage_records(env, open_session(LocalStageConfig(**{**from_file, "validation_size": distinct})).records)
     with pytest.raises(LocalConfigError, match="validation_size must be a non-negative integer"):
         LocalStageConfig(**{**cfg.to_dict(), "validation_size": -1})
     asyncio.run(env.aclose())
@@ -260,7 +261,7 @@ def test_the_monitors_demo_prompts_are_never_training_prompts_whatever_the_seed(
         env="math", output_dir=str(tmp_path), eval_size=eval_size, steps=64, prompts_per_step=8, seed=seed
     )
     checked = {prompt_key(r) for r in env.demo_records(HELD_OUT_DEMOS, seed=HELD_OUT_SEED)}  # the largest monitor
-    split = stage_records(env, cfg)
+    split = stage_records(env, open_session(cfg).records)
     assert not checked & {prompt_key(r) for r in split.train + split.warm_start + split.validation}
     assert checked & {prompt_key(r) for r in env.demo_records(512 + 64, seed=seed)}  # they were in the draw
     MonitorSettings(demo_size=HELD_OUT_DEMOS)
@@ -320,8 +321,8 @@ def test_a_warm_started_stage_reports_base_warm_start_and_after(tmp_path):
     assert again["warm_start"]["cached"] is True and weights.stat().st_mtime_ns == written
     assert again["eval_before"] == metrics["eval_before"] and again["eval_warm_start"] == metrics["eval_warm_start"]
     assert again["warm_start"]["sft"] == warm["sft"]
-    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "warm_start_lr": 5e-3}))) is None
-    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "steps_per_rollout": 2}))) is not None  # GRPO's
+    assert asyncio.run(cached_warm_start(open_session(LocalStageConfig(**{**cfg.to_dict(), "warm_start_lr": 5e-3})))) is None
+    assert asyncio.run(cached_warm_start(open_session(LocalStageConfig(**{**cfg.to_dict(), "steps_per_rollout": 2})))) is not None  # GRPO's
     # validation_eval=false (the main command's profile): the validation prompts stay out of the RL records, not
     # evaluated; the run trains and evaluates exactly as the one that evaluated them.
     quiet = run_stage(LocalStageConfig(**{**cfg.to_dict(), "validation_eval": False}))
@@ -422,9 +423,9 @@ def test_the_tiny_tokenizer_learns_the_warm_start_text_never_the_held_out_prompt
         warm_start_records=64,
         warm_start_demos="aclarena_envs.search.data.demo_turns",
     )
-    texts = asyncio.run(tokenizer_texts(cfg))
+    texts = asyncio.run(tokenizer_texts(open_session(cfg)))
     env = SearchEnvironment({})
-    split = stage_records(env, cfg)
+    split = stage_records(env, open_session(cfg).records)
     asyncio.run(env.aclose())
     assert {r["prompt"] for r in split.warm_start} <= set(texts)
     assert not {r["prompt"] for r in split.evaluation} & set(texts)
@@ -432,8 +433,8 @@ def test_the_tiny_tokenizer_learns_the_warm_start_text_never_the_held_out_prompt
     prompt = split.warm_start[0]["prompt"]
     assert len(trained.encode(prompt)) < len(plain.encode(prompt)) and trained.decode(trained.encode(prompt)) == prompt
     # No warm start, or a model of the user's: the tokenizer is the model's own.
-    assert asyncio.run(tokenizer_texts(LocalStageConfig(**{**cfg.to_dict(), "warm_start_steps": 0}))) == []
-    assert asyncio.run(tokenizer_texts(LocalStageConfig(**{**cfg.to_dict(), "model": str(tmp_path)}))) == []
+    assert asyncio.run(tokenizer_texts(open_session(LocalStageConfig(**{**cfg.to_dict(), "warm_start_steps": 0})))) == []
+    assert asyncio.run(tokenizer_texts(open_session(LocalStageConfig(**{**cfg.to_dict(), "model": str(tmp_path)})))) == []
 
 
 def test_tiny_model_shape_settings_are_checked(tmp_path):

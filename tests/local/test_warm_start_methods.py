@@ -15,6 +15,7 @@ from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.demos import demo_examples
 from aclarena_slime.local.records import demo_records, prompt_key, replay_mixture
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.sft import (
     ReferenceNll,
     SftError,
@@ -143,9 +144,9 @@ def test_the_replay_warm_start_trains_on_the_earlier_domains_demos(tmp_path):
     # The GRPO phase measures (and anchors) the policy against the stage's start: already apart at step 0.
     assert metrics["steps"][0]["kl_to_start"] > 0
     # The warm start depends on the replay and the KL term: a changed one is not the cached backbone.
-    assert asyncio.run(cached_warm_start(cfg)) is not None
-    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "kl_coef": 0.0}))) is None
-    assert asyncio.run(cached_warm_start(LocalStageConfig(**{**cfg.to_dict(), "replay": {}}))) is None
+    assert asyncio.run(cached_warm_start(open_session(cfg))) is not None
+    assert asyncio.run(cached_warm_start(open_session(LocalStageConfig(**{**cfg.to_dict(), "kl_coef": 0.0})))) is None
+    assert asyncio.run(cached_warm_start(open_session(LocalStageConfig(**{**cfg.to_dict(), "replay": {}})))) is None
 
 
 def test_replayed_records_are_never_an_earlier_domains_held_out_prompts():
@@ -154,11 +155,11 @@ def test_replayed_records_are_never_an_earlier_domains_held_out_prompts():
         replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
     )  # fmt: skip
     own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(128)]
-    replayed = [r for r in replay_mixture(cfg, own, {"math": {}}) if r["metadata"]["env"] == "math"]
+    replayed = [r for r in replay_mixture(open_session(cfg).records, own, {"math": {}}) if r["metadata"]["env"] == "math"]
     env = MathEnvironment({})
     held_out = {prompt_key(r) for r in demo_records(env, 32, HELD_OUT_SEED)}
     assert len(replayed) == 64 and not {prompt_key(r) for r in replayed} & held_out
-    assert replay_mixture(cfg, own, {"math": {}}, per_step=8, domains=["search"]) is own  # no domain with demos
+    assert replay_mixture(open_session(cfg).records, own, {"math": {}}, per_step=8, domains=["search"]) is own  # no domain with demos
 
 
 @pytest.mark.slow
