@@ -38,6 +38,8 @@ _RULES: dict[str, Callable[[list[Sample], group_rewards.FilterSettings], tuple[b
     "aclarena_slime.slime_edge.rollout.drop_no_tool": lambda samples, settings: group_rewards.drop_no_tool(
         samples, settings.max_no_tool_fraction
     ),
+    # slime's check_reward_nonzero_std rule behind our refill bound (the math and IF recipes' filter)
+    "aclarena_slime.slime_edge.rollout.reward_nonzero_std": lambda samples, _: group_rewards.reward_nonzero_std(samples),
 }
 FILTER_PATHS = tuple(_RULES)
 

@@ -119,3 +119,13 @@ def test_a_grpo_stage_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path)
             assert step["nonzero_adv_frac"] == 1.0
     on_disk = json.loads(cfg.metrics_path.read_text())
     assert on_disk["config"]["group_filter"] == NONZERO_STD and on_disk["config"]["over_sampling_prompts"] == 4
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_math_and_if_recipes_bounded_filter_runs_locally_with_slimes_rule():
+    """The recipes' filter (slime's rule behind our refill bound) is slime's rule to the local stage: it was
+    refused as unknown."""
+    ours = GroupFilter.named("aclarena_slime.slime_edge.rollout.reward_nonzero_std")
+    slimes = GroupFilter.named(NONZERO_STD)
+    for rewards in [(0.0, 0.0), (0.0, 1.0), (1.0, 1.0, 1.0), (0.2, 0.3)]:
+        assert ours.judge(group(*rewards)) == slimes.judge(group(*rewards))
