@@ -18,12 +18,15 @@ import dataclasses
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.experts import EXPERTS_NAME
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.schema import StageRecipe
+
+if TYPE_CHECKING:
+    from aclarena_slime.local.session import LocalSession
 
 # LocalStageConfig field <- the recipe key it comes from, as is (local_settings reads each with one loop).
 PLAIN_KEYS = {
@@ -265,36 +268,41 @@ def steps_per_rollout(recipe: StageRecipe) -> int:
     return rollouts // per_update
 
 
-def local_plan(cfg: LocalStageConfig) -> str:
-    """What ``--dry-run`` prints for a local stage: its phases and every resolved setting."""
+def local_plan(session: LocalSession) -> str:
+    """What ``--dry-run`` prints for a local stage (:func:`~aclarena_slime.local.session.open_session`'s parts):
+    its phases and every resolved setting."""
+    loop, policy, warm, sft = session.loop, session.policy, session.warm_start, session.sft
+    sampling, loss = loop.sampling, policy.train.loss
     phases = []
-    if cfg.warm_start_steps:
-        phases.append(f"warm start ({cfg.warm_start_steps} SFT steps on {cfg.warm_start_demos} gold demos)")
-    if cfg.kind == "sft":
-        sft = f"{cfg.sft_epochs} epoch(s) on teacher rollouts kept by {cfg.sft_filter}"
-        if cfg.steps_per_rollout > 1:
-            sft += f", {cfg.steps_per_rollout} optimiser steps an epoch"
-        phases.append(f"SFT ({sft})")
+    if warm is not None:
+        phases.append(f"warm start ({warm.sft.steps} SFT steps on {warm.demos} gold demos)")
+    if session.kind == "sft":
+        text = f"{sft.epochs} epoch(s) on teacher rollouts kept by {sft.filter}"
+        if sft.steps_per_epoch > 1:
+            text += f", {sft.steps_per_epoch} optimiser steps an epoch"
+        phases.append(f"SFT ({text})")
     else:
-        grpo = f"{cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples"
-        if cfg.dynamic_sampling:
-            grpo += (f"; groups kept by {cfg.group_filter or 'no filter'}, sampled {cfg.prompts_per_round} prompts a "
-                     f"round, at most {cfg.max_sampling_rounds} rounds a step")  # fmt: skip
-        if cfg.steps_per_rollout > 1:
-            per_update = cfg.prompts_per_step * cfg.samples_per_prompt // cfg.steps_per_rollout
-            grpo += f"; {cfg.steps_per_rollout} optimiser steps of {per_update} samples a step"
+        grpo = f"{loop.steps} steps x {sampling.prompts_per_step} prompts x {sampling.groups.samples} samples"
+        if loop.dynamic_sampling:
+            kept = sampling.group_filter.path if sampling.group_filter else "no filter"
+            grpo += (f"; groups kept by {kept}, sampled {sampling.prompts_per_round} prompts a "
+                     f"round, at most {sampling.max_rounds} rounds a step")  # fmt: skip
+        minibatches = policy.train.minibatches
+        if minibatches > 1:
+            per_update = sampling.prompts_per_step * sampling.groups.samples // minibatches
+            grpo += f"; {minibatches} optimiser steps of {per_update} samples a step"
         phases.append(f"GRPO ({grpo})")
-    policy = "full fine-tuning (every parameter)" if cfg.full_finetune else f"LoRA expert {cfg.expert_name!r}"
-    kl = f"KL {cfg.kl_loss_type} x {cfg.kl_coef} to the starting policy" if cfg.kl_coef else "no KL term"
+    kind = "full fine-tuning (every parameter)" if policy.full else f"LoRA expert {policy.name!r}"
+    kl = f"KL {loss.kl_loss_type} x {loss.kl_coef} to the starting policy" if loss.kl_coef else "no KL term"
     lines = [
-        f"# local plan: env {cfg.env}, model {cfg.model_source}, seed {cfg.seed}",
+        f"# local plan: env {session.env}, model {session.model.source}, seed {session.seed}",
         f"# phases: {' -> '.join(phases)}",
-        f"# policy: {policy}; AdamW lr {cfg.lr}; {kl}",
-        f"# loss: {cfg.advantage_estimator}, " + ("the token mean" if cfg.per_token_loss else "the per-sample mean")
+        f"# policy: {kind}; AdamW lr {policy.train.lr}; {kl}",
+        f"# loss: {loss.estimator}, " + ("the token mean" if loss.per_token else "the per-sample mean")
         + " (aclarena_slime.local.losses)",
-        f"# outputs: {cfg.output_dir}",
+        f"# outputs: {session.paths.output_dir}",
     ]
-    return "\n".join(lines + ["#   " + line for line in json.dumps(cfg.to_dict(), indent=2, default=str).splitlines()])
+    return "\n".join(lines + ["#   " + line for line in json.dumps(session.settings, indent=2, default=str).splitlines()])
 
 
 def _local_env(tag: str) -> dict[str, Any]:

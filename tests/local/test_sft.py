@@ -84,4 +84,4 @@ def test_an_sft_stage_takes_slimes_global_batch_one_optimiser_step_per_contiguou
     metrics = run_stage(cfg)
     assert metrics["kept"] == 4
     assert [(step["epoch"], step["samples"]) for step in metrics["steps"]] == [(0, 2.0), (0, 2.0)]
-    assert "2 optimiser steps an epoch" in local_plan(cfg)
+    assert "2 optimiser steps an epoch" in local_plan(open_session(cfg))

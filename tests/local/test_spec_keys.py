@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.spec import EXTRA_KEYS, INERT, local_config, local_plan, read_keys
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.schema import AlgorithmConfig, RolloutConfig
@@ -41,7 +42,7 @@ def test_a_groups_honoured_keys_compose(group: str, tmp_path: Path):
     if group == "gspo":
         gspo = compose(GROUP_STAGES[group], tmp_path, f"algorithm={group}", "algorithm.advantage_estimator=gspo")
         assert local_config(gspo).advantage_estimator == "gspo"
-        assert "# loss: gspo, the token mean" in local_plan(local_config(gspo))  # what --dry-run says
+        assert "# loss: gspo, the token mean" in local_plan(open_session(local_config(gspo)))  # what --dry-run says
 
 
 def test_the_mopd_group_is_refused_by_its_distillation_key(tmp_path: Path):
