@@ -11,13 +11,13 @@ import asyncio
 import dataclasses
 import functools
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from aclarena_slime import parity
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import stage_env_configs, stage_records
 from aclarena_slime.local.rollouts import rollout_step, to_train_sample
-from aclarena_slime.local.session import LocalSession, open_session
+from aclarena_slime.local.session import LocalSession
 from aclarena_slime.local.stage import serve_policy, served_stage, stage_model, tokenizer_texts
 from aclarena_slime.local.trainer import PolicyTrainer
 
@@ -41,11 +41,34 @@ async def probe(session: LocalSession) -> parity.ParityReport:
     return parity.compare(engine, trainer.recompute_log_probs(batch), masks, parity.LOCAL_TOLERANCE)
 
 
-def run_probe(cfg: LocalStageConfig) -> dict[str, Any]:
-    """:func:`probe` on a few short rollouts of the stage's, without its warm start, from synchronous code, in a
+def probe_session(session: LocalSession, scratch: Path) -> LocalSession:
+    """The stage's session made a probe: :data:`PROMPTS` prompts of :data:`SAMPLES` rollouts of at most
+    :data:`TOKENS` tokens, no warm start, its outputs in ``scratch``; every other part the stage's own (its
+    training records drawn as the stage would draw them for a step of that many prompts)."""
+    loop, records, settings = session.loop, session.records, session.settings
+    over_sampling = settings.get("over_sampling_prompts")  # a round's prompts: this, else a step's
+    groups = dataclasses.replace(loop.sampling.groups, samples=SAMPLES, max_new_tokens=TOKENS)
+    sampling = dataclasses.replace(loop.sampling, groups=groups, prompts_per_step=PROMPTS,
+                                   prompts_per_round=over_sampling or PROMPTS)  # fmt: skip
+    evaluation = dataclasses.replace(loop.evaluation, max_new_tokens=settings.get("eval_max_response_len") or TOKENS)
+    budgets = dataclasses.replace(session.engine.budgets, max_response_len=TOKENS)
+    sizes = {"prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_response_len": TOKENS,
+             "warm_start_steps": 0, "output_dir": str(scratch)}  # fmt: skip
+    return dataclasses.replace(
+        session,
+        paths=dataclasses.replace(session.paths, output_dir=scratch),
+        engine=dataclasses.replace(session.engine, budgets=budgets),
+        records=dataclasses.replace(records, train_prompts=loop.steps * sampling.prompts_per_round,
+                                    warm_start_records=0, prompts_per_step=PROMPTS),  # fmt: skip
+        loop=dataclasses.replace(loop, sampling=sampling, evaluation=evaluation),
+        warm_start=None,
+        settings={**settings, **sizes},
+    )
+
+
+def run_probe(session: LocalSession) -> dict[str, Any]:
+    """:func:`probe` on a few short rollouts of the stage's (:func:`probe_session`), from synchronous code, in a
     scratch folder (a stage's outputs stay untouched); the report as plain values."""
     with tempfile.TemporaryDirectory(prefix="aclarena-parity-") as scratch:
-        small = dataclasses.replace(cfg, prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, max_response_len=TOKENS,
-                                    warm_start_steps=0, output_dir=scratch)  # fmt: skip
-        report = asyncio.run(probe(open_session(small)))
+        report = asyncio.run(probe(probe_session(session, Path(scratch))))
     return {**dataclasses.asdict(report), "ok": report.ok, "line": report.line()}

@@ -10,6 +10,9 @@ import pytest
 from aclarena_slime import parity
 from aclarena_slime.local import stage as stage_module
 from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.group_filter import FILTER_PATHS
+from aclarena_slime.local.parity_probe import PROMPTS, SAMPLES, TOKENS, probe_session
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.trainer import PolicyTrainer
 from aclarena_slime.plugin import registry
 
@@ -73,3 +76,18 @@ def test_the_doctor_runs_the_parity_check_for_a_local_recipe(tmp_path):
     check = local_parity_check(recipe)
     assert check.status == "ok" and "log-prob parity ok" in check.detail, check.line()
     assert not any((tmp_path / "runs").rglob("adapter_model.safetensors"))  # a probe leaves no stage outputs
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"over_sampling_prompts": 8, "prompts_per_step": 4}, {"over_sampling_prompts": 6}, {"warm_start_steps": 2, "warm_start_demos": "x.y"},
+     {"eval_max_response_len": 40}, {"group_filter": FILTER_PATHS[0], "steps": 3}],
+)  # fmt: skip
+def test_the_probe_shrinks_the_stages_session_as_it_would_the_stages_settings(tmp_path, changes):
+    """run_probe takes the stage's session: its probe is the session the shrunk settings build, part for part."""
+    sizes = {"prompts_per_step": 6, "samples_per_prompt": 3, "max_response_len": 32}
+    cfg = dataclasses.replace(_cfg(tmp_path), **{**sizes, **changes})
+    scratch = tmp_path / "scratch"
+    small = dataclasses.replace(cfg, prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, max_response_len=TOKENS,
+                                warm_start_steps=0, output_dir=str(scratch))  # fmt: skip
+    assert probe_session(open_session(cfg), scratch) == open_session(small)
