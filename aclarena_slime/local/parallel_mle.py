@@ -14,7 +14,7 @@ engine (unload + load, as on slime): the N-expert case of the stage's one GRPO l
     experts.json        the manifest (ExpertTable): env tag -> expert
     metrics.json        per expert: held-out reward before and after (greedy, validation), per-step figures
 
-Each expert's settings are a :class:`LocalStageConfig` (env, data, optimiser, LoRA); they share the
+Each expert is a :class:`~aclarena_slime.local.session.LocalSession` (env, data, optimiser, LoRA); they share the
 backbone (``model_source``, seed, tiny shape) and the engine settings. Seeds are the same as a stage
 alone: an expert trained here starts from the same adapter, sees the same records and sampling seeds,
 and takes the same optimiser steps as when :func:`~aclarena_slime.local.stage.run_stage` trains it alone
@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,9 @@ import torch
 
 from aclarena_slime.experts import EXPERTS_NAME, ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
-from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+from aclarena_slime.local.config import LocalConfigError
 from aclarena_slime.local.records import bind_engine
-from aclarena_slime.local.session import LocalSession, open_session
+from aclarena_slime.local.session import LocalSession
 from aclarena_slime.local.stage import (
     Expert,
     adapter_files,
@@ -48,12 +48,23 @@ from aclarena_slime.local.stage import (
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings, peft_lora_config
 from aclarena_slime.lora.config import LoraConfig
 
-# Settings every expert must share: they describe the one backbone and the one engine.
-SHARED_FIELDS = (
-    "model_source", "seed", "tiny_vocab_size", "tiny_hidden_size", "tiny_layers", "max_running_requests",
-    "max_prefill_tokens", "served_name", "engine_host", "engine_port", "torch_threads", "micro_batch_size",
-    "max_response_len", "response_budget",
-)  # fmt: skip
+# Settings every expert must share (named as the recipe's local settings): the one backbone and the one engine.
+SHARED: dict[str, Callable[[LocalSession], Any]] = {
+    "model_source": lambda s: s.model.source,
+    "seed": lambda s: s.seed,
+    "tiny_vocab_size": lambda s: s.model.shape.vocab_size,
+    "tiny_hidden_size": lambda s: s.model.shape.hidden_size,
+    "tiny_layers": lambda s: s.model.shape.num_layers,
+    "max_running_requests": lambda s: s.engine.settings.max_running_requests,
+    "max_prefill_tokens": lambda s: s.engine.settings.max_prefill_tokens,
+    "served_name": lambda s: s.engine.served_name,
+    "engine_host": lambda s: s.engine.host,
+    "engine_port": lambda s: s.engine.port,
+    "torch_threads": lambda s: s.model.torch_threads,
+    "micro_batch_size": lambda s: s.policy.train.micro_batch_size,
+    "max_response_len": lambda s: s.engine.budgets.max_response_len,
+    "response_budget": lambda s: s.engine.budgets.mode,
+}
 
 
 class BackboneView:
@@ -129,36 +140,37 @@ class MultiExpertTrainer:
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
 
 
-def open_experts(cfgs: Sequence[LocalStageConfig]) -> list[LocalSession]:
-    """The experts' sessions (:func:`~aclarena_slime.local.session.open_session`); expert settings that cannot share
-    one backbone and one engine are refused, naming them."""
-    if not cfgs:
+def open_experts(sessions: Sequence[LocalSession]) -> list[LocalSession]:
+    """The experts' sessions (:func:`~aclarena_slime.local.spec.expert_sessions`), checked: expert settings that
+    cannot share one backbone and one engine are refused, naming them."""
+    if not sessions:
         raise LocalConfigError("parallel MLE needs at least one expert")
-    names = [c.expert_name for c in cfgs]
-    if len(set(names)) != len(names) or len({c.env for c in cfgs}) != len(cfgs):
-        raise LocalConfigError(f"parallel MLE trains one expert per env tag; got envs {[c.env for c in cfgs]}")
-    for cfg in cfgs:
+    names = [s.policy.name for s in sessions]
+    envs = [s.env for s in sessions]
+    if len(set(names)) != len(names) or len(set(envs)) != len(sessions):
+        raise LocalConfigError(f"parallel MLE trains one expert per env tag; got envs {envs}")
+    for session in sessions:
         refused = {
-            "kind": cfg.kind != "rl",
-            "full_finetune": cfg.full_finetune,
-            "warm_start_steps": bool(cfg.warm_start_steps),
-            "base_adapter": cfg.base_adapter is not None,
-            "monitor": bool(cfg.monitor),
-            "replay": bool(cfg.replay),
+            "kind": (session.kind, session.kind != "rl"),
+            "full_finetune": (session.policy.full, session.policy.full),
+            "warm_start_steps": (session.warm_start and session.warm_start.sft.steps, session.warm_start is not None),
+            "base_adapter": (session.policy.base_adapter, session.policy.base_adapter is not None),
+            "monitor": (session.monitor, bool(session.monitor)),
+            "replay": (session.records.replay, bool(session.records.replay)),
         }
-        for key, bad in refused.items():
+        for key, (value, bad) in refused.items():
             if bad:
                 raise LocalConfigError(
-                    f"parallel MLE expert {cfg.env!r}: {key}={getattr(cfg, key)!r} is not supported (the experts "
+                    f"parallel MLE expert {session.env!r}: {key}={value!r} is not supported (the experts "
                     "are fresh GRPO LoRA adapters on one frozen backbone)"
                 )
-        for key in SHARED_FIELDS:
-            if getattr(cfg, key) != getattr(cfgs[0], key):
+        for key, part in SHARED.items():
+            if part(session) != part(sessions[0]):
                 raise LocalConfigError(
-                    f"parallel MLE experts share one backbone and engine: {key} is {getattr(cfgs[0], key)!r} for "
-                    f"{cfgs[0].env!r} but {getattr(cfg, key)!r} for {cfg.env!r}"
+                    f"parallel MLE experts share one backbone and engine: {key} is {part(sessions[0])!r} for "
+                    f"{sessions[0].env!r} but {part(session)!r} for {session.env!r}"
                 )
-    return [open_session(c) for c in cfgs]
+    return list(sessions)
 
 
 def run_parallel_mle(sessions: Sequence[LocalSession], output_dir: str | Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.experts import EXPERTS_NAME
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
+from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.recipes.schema import StageRecipe
 
@@ -317,39 +318,51 @@ def _local_env(tag: str) -> dict[str, Any]:
     return dict(((values or {}).get("env_config") or {}).get(tag) or {})
 
 
-def expert_configs(recipe: StageRecipe, cfg: LocalStageConfig) -> list[LocalStageConfig]:
-    """Parallel MLE (``lora.experts``): one expert's settings per env tag, the stage's own otherwise equal.
+def expert_sessions(recipe: StageRecipe, session: LocalSession) -> list[LocalSession]:
+    """Parallel MLE (``lora.experts``): one expert's session per env tag, the stage's (its
+    :func:`~aclarena_slime.local.session.open_session`) otherwise equal: the tag's env and env settings, a LoRA
+    adapter of the tag's name, outputs under ``experts/<tag>``.
 
     The experts share the frozen backbone, so none of them warm-starts it (a warning says so when the env's
     local profile asks for a warm start)."""
-    tags = cfg.lora.experts or []
-    if cfg.warm_start_steps:
+    policy, records = session.policy, session.records
+    # the stage's LoRA settings (with full fine-tuning the policy has none: its experts are refused by open_experts)
+    lora = policy.lora or LoraConfig.from_mapping(dict(session.settings["lora"]))
+    if session.warm_start is not None:
         warnings.warn(
             "lora.experts: parallel MLE trains on the frozen backbone; it runs without the warm start", stacklevel=2
         )
-    return [
-        dataclasses.replace(
-            cfg,
+    out = []
+    for tag in lora.experts or []:
+        env_config = records.env_config if tag == session.env else {**(recipe.env_config.get(tag) or {}),
+                                                                    **_local_env(tag)}  # fmt: skip
+        expert = dataclasses.replace(lora, adapter_name=tag, experts=None)
+        output_dir = session.paths.output_dir / "experts" / tag
+        settings = {"env": tag, "env_config": dict(env_config), "lora": expert.to_dict(), "warm_start_steps": 0,
+                    "output_dir": str(output_dir)}  # fmt: skip
+        out.append(dataclasses.replace(
+            session,
             env=tag,
-            env_config=cfg.env_config if tag == cfg.env else {**(recipe.env_config.get(tag) or {}), **_local_env(tag)},
-            lora=dataclasses.replace(cfg.lora, adapter_name=tag, experts=None),
-            warm_start_steps=0,
-            output_dir=str(Path(cfg.output_dir) / "experts" / tag),
-        )
-        for tag in tags
-    ]
+            paths=dataclasses.replace(session.paths, output_dir=output_dir),
+            records=dataclasses.replace(records, env=tag, env_config=env_config, warm_start_records=0),
+            policy=dataclasses.replace(policy, name=tag, lora=None if policy.full else expert),
+            warm_start=None,
+            settings={**session.settings, **settings},
+        ))  # fmt: skip
+    return out
 
 
 def run_local(recipe: StageRecipe) -> dict[str, Any]:
     """Run the stage on the local backend; returns its metrics and where the policy is (with ``lora.experts``,
     the experts' manifest)."""
+    from aclarena_slime.local.session import open_session
     from aclarena_slime.local.stage import run_stage
 
     cfg = local_config(recipe)
     if cfg.lora.experts:
         from aclarena_slime.local.parallel_mle import open_experts, run_parallel_mle
 
-        metrics = run_parallel_mle(open_experts(expert_configs(recipe, cfg)), cfg.output_dir)
+        metrics = run_parallel_mle(open_experts(expert_sessions(recipe, open_session(cfg))), cfg.output_dir)
         manifest = str(Path(cfg.output_dir) / EXPERTS_NAME)
         return {"metrics": metrics, "policy": manifest, "full": False, "output_dir": cfg.output_dir}
     metrics = run_stage(cfg)

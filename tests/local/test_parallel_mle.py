@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,11 +15,15 @@ from aclarena_slime.experts import ExpertTable
 from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.losses import LossSettings
 from aclarena_slime.local.parallel_mle import MultiExpertTrainer, open_experts, run_parallel_mle
+from aclarena_slime.local.session import open_session
+from aclarena_slime.local.spec import _local_env, expert_sessions, local_config
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.plugin import registry
+from aclarena_slime.recipes.compose import load_recipe
 
+REPO = Path(__file__).resolve().parents[2]
 LORA = LoraConfig(rank=4, alpha=8.0, adapter_name=None, target_modules=["linear_qkv", "linear_fc2"])
 
 
@@ -63,12 +70,38 @@ def test_each_sample_trains_only_its_own_expert(tiny_model_dir):
 def test_mismatched_experts_are_refused(tmp_path):
     a = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "a"))
     with pytest.raises(LocalConfigError, match="one expert per env tag"):
-        open_experts([a, a])
+        open_experts([open_session(a), open_session(a)])
     other = LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), seed=1)
-    with pytest.raises(LocalConfigError, match="seed"):
-        open_experts([a, other])
-    with pytest.raises(LocalConfigError, match="full_finetune"):
-        open_experts([a, LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), full_finetune=True)])
+    with pytest.raises(LocalConfigError, match="seed is 0 for 'learnable' but 1 for 'mock'"):
+        open_experts([open_session(a), open_session(other)])
+    full = LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), full_finetune=True)
+    with pytest.raises(LocalConfigError, match="full_finetune=True is not supported"):
+        open_experts([open_session(a), open_session(full)])
+    warm = LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), warm_start_steps=3, warm_start_demos="x.y")
+    with pytest.raises(LocalConfigError, match="warm_start_steps=3 is not supported"):
+        open_experts([open_session(a), open_session(warm)])
+    wide = LocalStageConfig(env="mock", output_dir=str(tmp_path / "b"), max_prefill_tokens=99)
+    with pytest.raises(LocalConfigError, match="max_prefill_tokens is .* but 99 for 'mock'"):
+        open_experts([open_session(a), open_session(wide)])
+
+
+def test_the_experts_sessions_are_the_stages_with_each_tags_env_adapter_and_folder(tmp_path):
+    """expert_sessions makes each expert's session from the stage's: what the stage's settings, with the tag's
+    env, env settings, LoRA adapter name and folder and no warm start, build."""
+    recipe = load_recipe(REPO / "recipes" / "mle_parallel.yaml", ["cluster=local", f"paths.root={tmp_path}",
+                                                                   "lora.experts=[math,ifeval]"])  # fmt: skip
+    cfg = local_config(recipe)
+    with pytest.warns(UserWarning, match="without the warm start") if cfg.warm_start_steps else nullcontext():
+        sessions = expert_sessions(recipe, open_session(cfg))
+    assert [s.env for s in sessions] == ["math", "ifeval"]
+    for session in sessions:
+        tag = session.env
+        env_config = cfg.env_config if tag == cfg.env else {**recipe.env_config.get(tag, {}), **_local_env(tag)}
+        expected = dataclasses.replace(
+            cfg, env=tag, env_config=env_config, lora=dataclasses.replace(cfg.lora, adapter_name=tag, experts=None),
+            warm_start_steps=0, output_dir=str(Path(cfg.output_dir) / "experts" / tag),
+        )  # fmt: skip
+        assert session == open_session(expected)
 
 
 def _cfg(tmp_path, env, **extra):
@@ -101,7 +134,7 @@ def test_experts_side_by_side_end_within_noise_of_experts_alone(tmp_path):
     one PEFT folder per expert and experts.json.
     """
     cfgs = [_cfg(tmp_path, "learnable"), _cfg(tmp_path, "mock", env_config={"max_turns": 2})]
-    together = run_parallel_mle(open_experts(cfgs), tmp_path / "parallel")
+    together = run_parallel_mle(open_experts([open_session(c) for c in cfgs]), tmp_path / "parallel")
     table = ExpertTable.load(tmp_path / "parallel" / "experts.json")
     assert sorted(table.experts) == ["learnable", "mock"]
     moved = 0.0
@@ -130,7 +163,7 @@ def test_parallel_mle_runs_the_stages_grpo_loop(tmp_path):
         _cfg(tmp_path, "learnable", validation_size=2, validation_interval=1, **extra),
         _cfg(tmp_path, "mock", env_config={"max_turns": 2}, **extra),  # a handful of prompts: none to validate on
     ]
-    metrics = run_parallel_mle(open_experts(cfgs), tmp_path / "parallel")
+    metrics = run_parallel_mle(open_experts([open_session(c) for c in cfgs]), tmp_path / "parallel")
     for env, expert in metrics["experts"].items():
         assert expert["steps"][0]["parity_max_abs"] < 1e-3, env
         assert set(expert["eval_greedy"]) == {"before", "after"} and expert["eval_greedy"]["after"]["n"] == 2, env
