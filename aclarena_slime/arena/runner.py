@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.launcher.stage import local_profile
 from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.session import LocalSession, open_session
 from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
@@ -118,19 +120,19 @@ def domain_configs(config: ArenaConfig) -> list[LocalStageConfig]:
     return out
 
 
-def held_out_suite(configs: list[LocalStageConfig]) -> EvalSuite:
+def held_out_suite(sessions: Sequence[LocalSession]) -> EvalSuite:
     """Every domain's held-out demo prompts (its stage's ``eval_size`` of the records every local stage leaves
-    out of training), greedy."""
+    out of training), greedy; ``sessions``: each stage's (:func:`~aclarena_slime.local.session.open_session`)."""
     datasets = tuple(
         EvalDataset(
-            name=c.env,
-            env=c.env,
-            demo=c.eval_size,
+            name=s.env,
+            env=s.env,
+            demo=s.records.eval_size,
             temperature=0.0,
-            max_response_len=c.eval_budget,
-            env_config=dict(c.env_config),
+            max_response_len=s.loop.evaluation.max_new_tokens,
+            env_config=dict(s.records.env_config),
         )  # fmt: skip
-        for c in configs
+        for s in sessions
     )
     return EvalSuite("arena", datasets)
 
@@ -179,7 +181,7 @@ def run_arena(
     out = seed_dir(config)
     configs = domain_configs(config)
     base = build_base(configs, config.base, out / "base", config.seed)
-    suite = held_out_suite(configs)
+    suite = held_out_suite([open_session(c) for c in configs])
     base_eval = out / "base" / "eval"
     if not (base_eval / "summary.json").is_file():
         asyncio.run(evaluate_policy(suite, base, None, base_eval, "base", config.seed, out / EVAL_MEMO))

@@ -22,6 +22,7 @@ from aclarena_slime.cli import main as cli
 from aclarena_slime.curriculum.config import load_curriculum
 from aclarena_slime.curriculum.methods import WARM_START_INTO_EXPERT, MethodError
 from aclarena_slime.experts import EXPERTS_NAME
+from aclarena_slime.local.session import open_session
 from aclarena_slime.plugin.contract import Task
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.recipes.compose import RecipeError
@@ -115,7 +116,12 @@ def test_each_domain_is_held_out_on_its_own_eval_size(tmp_path):
     data["stages"][1]["eval_size"] = 3
     path.write_text(yaml.safe_dump(data))
     config = load_arena(path)
-    assert {d.name: d.demo for d in held_out_suite(domain_configs(config)).datasets} == {"math": 2, "ifeval": 3}
+    configs = domain_configs(config)
+    suite = held_out_suite([open_session(c) for c in configs])
+    assert {d.name: d.demo for d in suite.datasets} == {"math": 2, "ifeval": 3}
+    assert [(d.env, d.max_response_len, d.env_config) for d in suite.datasets] == [
+        (c.env, c.eval_budget, dict(c.env_config)) for c in configs
+    ]
     curriculum = method_curriculum(config, "s", tmp_path)[0]
     # the stage's own held-out records are the ones evaluated, so it never trains on them
     assert curriculum["stages"][1]["overrides"][-2] == "cluster.local.eval_size=3"
@@ -212,7 +218,7 @@ def test_mle_asks_unchanged_weights_once_and_the_memo_equals_a_fresh_evaluation(
     last, fresh = stages[-1], tmp_path / "fresh"
     model = last.get("checkpoint") or last["metrics"]["model_dir"]
     experts = Path(index["methods"]["mle"]["manifest"]).with_name(EXPERTS_NAME)
-    suite = held_out_suite(domain_configs(load_arena(arena_file(tmp_path, methods))))
+    suite = held_out_suite([open_session(c) for c in domain_configs(load_arena(arena_file(tmp_path, methods)))])
     asyncio.run(evaluate_policy(suite, Path(model), str(experts), fresh, "ifeval", 0))  # no memo
 
     def answers(folder: Path) -> list:
