@@ -23,10 +23,10 @@ from typing import Any
 
 from aclarena_slime.evaluation.suite import EvalSuite
 from aclarena_slime.jsonl import write_json_atomic
-from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
+from aclarena_slime.local.config import TINY_MODEL
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.records import bind_engine, stage_records
-from aclarena_slime.local.session import LocalSession, open_session
+from aclarena_slime.local.session import LocalSession
 from aclarena_slime.local.sft import SftExample, SftSettings, warm_start
 from aclarena_slime.local.stage import prepare_model, tokenizer_texts
 from aclarena_slime.plugin.registry import get_environment
@@ -51,8 +51,10 @@ class BaseSettings:
             raise ValueError(f"base: steps, records and batch_size must be positive and lr > 0, got {self}")
 
 
-def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out: Path, seed: int) -> Path:
-    """The base model for ``seed`` in ``out`` (built when absent, else reused); ``configs``: one per domain."""
+def build_base(sessions: Sequence[LocalSession], settings: BaseSettings, out: Path, seed: int) -> Path:
+    """The base model for ``seed`` in ``out`` (built when absent, else reused); ``sessions``: one per domain with
+    gold demos, its stage's session with the base's warm start (``settings``' steps and records) and ``seed``
+    (:func:`~aclarena_slime.arena.runner.run_arena` builds them)."""
     model = out / MODEL_DIR
     if (model / "config.json").is_file() and (out / REPORT).is_file():
         built = json.loads((out / REPORT).read_text())
@@ -63,21 +65,15 @@ def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out:
             )
         return model.resolve()
     print(f"[arena] building the shared base model (seed {seed}) in {out}", file=sys.stderr)
-    demos = [
-        dataclasses.replace(c, seed=seed, warm_start_steps=settings.steps, warm_start_records=settings.records)
-        for c in configs
-        if c.warm_start_demos
-    ]
-    if not demos:
+    if not sessions:
         raise ValueError("the arena's base needs at least one domain with gold demos (cluster.local.warm_start_demos)")
-    first = demos[0]
-    if any(c.model != TINY_MODEL for c in configs):
+    if any(s.model.source != TINY_MODEL for s in sessions):
         raise ValueError("the arena's base is built from the tiny model (cluster.local.model=tiny in every stage)")
-    if first.torch_threads:  # as a local stage runs (1 is fastest for the tiny model)
+    first = sessions[0]
+    if first.model.torch_threads:  # as a local stage runs (1 is fastest for the tiny model)
         import torch
 
-        torch.set_num_threads(first.torch_threads)
-    sessions = [open_session(c) for c in demos]
+        torch.set_num_threads(first.model.torch_threads)
     texts = [t for s in sessions for t in asyncio.run(tokenizer_texts(s))]
     start = prepare_model(TINY_MODEL, out, seed, sessions[0].model.shape, texts)
     examples: list[SftExample] = []
@@ -87,7 +83,7 @@ def build_base(configs: Sequence[LocalStageConfig], settings: BaseSettings, out:
         examples += found
         replays[session.env] = report
     sft = SftSettings(steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr,
-                      micro_batch_size=first.micro_batch_size)  # fmt: skip
+                      micro_batch_size=first.policy.train.micro_batch_size)  # fmt: skip
     backbone, report = warm_start(start, examples, sft, model, seed)
     write_json_atomic(out / REPORT, {"seed": seed, "settings": dataclasses.asdict(settings), "demos": replays,
                                      "sft": report})  # fmt: skip

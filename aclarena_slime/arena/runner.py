@@ -17,6 +17,7 @@ asked of weights already evaluated, MLE's frozen backbone or an unchanged expert
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -180,7 +181,10 @@ def run_arena(
         raise RecipeError(f"{file}: no method {unknown}; known: {sorted(config.methods)}")
     out = seed_dir(config)
     configs = domain_configs(config)
-    base = build_base(configs, config.base, out / "base", config.seed)
+    # the base's warm start: each domain with gold demos, at the base's steps and records and the arena's seed
+    warm = {"seed": config.seed, "warm_start_steps": config.base.steps, "warm_start_records": config.base.records}
+    demos = [open_session(dataclasses.replace(c, **warm)) for c in configs if c.warm_start_demos]
+    base = build_base(demos, config.base, out / "base", config.seed)
     suite = held_out_suite([open_session(c) for c in configs])
     base_eval = out / "base" / "eval"
     if not (base_eval / "summary.json").is_file():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aclarena_slime.arena.base import evaluate_policy
+from aclarena_slime.arena.base import BaseSettings, build_base, evaluate_policy
 from aclarena_slime.arena.runner import (
     domain_configs,
     held_out_suite,
@@ -22,6 +22,7 @@ from aclarena_slime.cli import main as cli
 from aclarena_slime.curriculum.config import load_curriculum
 from aclarena_slime.curriculum.methods import WARM_START_INTO_EXPERT, MethodError
 from aclarena_slime.experts import EXPERTS_NAME
+from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.session import open_session
 from aclarena_slime.plugin.contract import Task
 from aclarena_slime.plugin.registry import get_environment
@@ -228,3 +229,13 @@ def test_mle_asks_unchanged_weights_once_and_the_memo_equals_a_fresh_evaluation(
     assert answers(fresh) == answers(seed_dir / "mle" / "eval" / "ifeval")
     summary = json.loads((seed_dir / "mle" / "eval" / "ifeval" / "summary.json").read_text())
     assert summary["domains"] == json.loads((fresh / "summary.json").read_text())["domains"]
+
+
+def test_the_base_is_built_from_the_tiny_model_and_a_domain_with_gold_demos(tmp_path):
+    """build_base takes the base's sessions (one per domain with gold demos) and refuses what it cannot build."""
+    with pytest.raises(ValueError, match="at least one domain with gold demos"):
+        build_base([], BaseSettings(), tmp_path / "none", 0)
+    large = LocalStageConfig(env="math", output_dir=str(tmp_path / "s"), model=str(tmp_path / "qwen"),
+                             warm_start_steps=2, warm_start_demos="aclarena_envs.math.data.demo_turns")  # fmt: skip
+    with pytest.raises(ValueError, match="built from the tiny model"):
+        build_base([open_session(large)], BaseSettings(), tmp_path / "large", 0)
