@@ -34,8 +34,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from aclarena_slime.local.parallel_mle import run_parallel_mle
-from aclarena_slime.local.spec import expert_configs, local_config
+from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.parallel_mle import open_experts, run_parallel_mle
+from aclarena_slime.local.session import open_session
+from aclarena_slime.local.spec import expert_sessions, local_config
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.recipes.compose import load_recipe
 
@@ -68,13 +70,15 @@ def local_rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
         overrides.append(f"env_config.retail.data_dir={args.retail_data}")
     recipe = load_recipe(REPO / "recipes" / "mle_parallel.yaml", [*overrides, *args.overrides])
     base = local_config(recipe)
-    cfgs = expert_configs(recipe, base)
+    # each expert's settings, to train it alone as a stage (run_stage) and side by side (its session)
+    cfgs = [LocalStageConfig.from_mapping(s.settings) for s in expert_sessions(recipe, open_session(base))]
     out = Path(args.out)
     shutil.rmtree(out / "sequential", ignore_errors=True)
     alone: dict[str, dict] = {}
     rows = []
     # Warm-up, untimed: the first run in a process pays the imports (transformers, PEFT, the envs' scorers).
-    run_parallel_mle([dataclasses.replace(c, progress=False, steps=1) for c in cfgs], out / "warm_up")
+    run_parallel_mle(open_experts([open_session(dataclasses.replace(c, progress=False, steps=1)) for c in cfgs]),
+                     out / "warm_up")  # fmt: skip
     wall, cpu = time.monotonic(), cpu_seconds()
     for cfg in cfgs:
         alone[cfg.env] = run_stage(
@@ -82,7 +86,8 @@ def local_rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
         )
     seq = (time.monotonic() - wall, cpu_seconds() - cpu)
     wall, cpu = time.monotonic(), cpu_seconds()
-    metrics = run_parallel_mle([dataclasses.replace(c, progress=False) for c in cfgs], out / "parallel")
+    metrics = run_parallel_mle(open_experts([open_session(dataclasses.replace(c, progress=False)) for c in cfgs]),
+                               out / "parallel")  # fmt: skip
     par = (time.monotonic() - wall, cpu_seconds() - cpu)
     size = backbone_bytes(Path(metrics["model_dir"]))
     n = len(cfgs)
