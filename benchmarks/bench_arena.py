@@ -1,11 +1,14 @@
 """The arena over seeds: every method's forgetting matrix and the comparison table, mean ± spread.
 
-    .venv/bin/python benchmarks/bench_arena.py [--seeds 3] [--jobs 3] [--out DIR] [--set data.retail=PATH/tau3-retail]
-        [--methods sequential mle oracles] [--arena recipes/curriculum/arena_local.yaml]
+    .venv/bin/python benchmarks/bench_arena.py [--seeds 3] [--first-seed 0] [--jobs 3] [--out DIR]
+        [--set data.retail=PATH/tau3-retail] [--methods sequential mle oracles]
+        [--chain recipes/curriculum/arena_local.yaml | recipes/curriculum/arena_reasoning_gym.yaml]
 
-Runs the arena file (docs/arena.md) once per seed (0..N-1; a seed already run in --out is resumed, not
+Runs the arena file (docs/arena.md) once per seed (--first-seed onwards, 0..N-1 by default; a seed the
+comparison never uses, e.g. 100, gives validation prompts to choose on; a seed already run in --out is resumed, not
 redone; ``--jobs`` seeds at once, each in its own process), compares the methods of each seed (``aclarena eval matrix --run ...``: tables, heatmaps, curves per
-seed), then prints the table over seeds (mean ± sample standard deviation), the final accuracy per domain,
+seed), then prints the table over seeds (mean ± sample standard deviation), the final accuracy per domain
+(with the shared base's, and each oracle's gain over it: the reasoning-gym chain's selection rule),
 the issue's two checks (sequential forgets: BWT <= -5 points or a maximum forgetting >= 10 points; MLE
 within 3 points of its oracle on every domain), where each method's time went (the stages' own timings: warm
 start, GRPO steps, the rest of the stage, the evaluation after it), the wall and CPU time with the machine's load, and writes
@@ -36,6 +39,7 @@ from rich.table import Table
 from aclarena_slime.analysis import plots
 from aclarena_slime.analysis.comparison import COLUMNS, load_run
 from aclarena_slime.analysis.forgetting import ForgettingMatrix
+from aclarena_slime.analysis.sources import load_summary
 from aclarena_slime.arena.runner import run_arena
 from aclarena_slime.cli import main as cli
 from aclarena_slime.worker_pool import worker_pool
@@ -131,7 +135,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_arena")
-    parser.add_argument("--arena", type=Path, default=ROOT / "recipes" / "curriculum" / "arena_local.yaml")
+    parser.add_argument("--chain", "--arena", dest="arena", type=Path,
+                        default=ROOT / "recipes" / "curriculum" / "arena_local.yaml", help="the arena file")
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds run are FIRST..FIRST+SEEDS-1")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override of the arena file")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: the arena file's)")
     parser.add_argument("--jobs", type=int, default=1,
@@ -139,7 +145,7 @@ def main() -> None:
                              "keeps every core busy to the end")  # fmt: skip
     args = parser.parse_args()
     out = args.out.resolve()
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     started_wall, started_cpu, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()
     per_seed: dict[int, dict[str, Any]] = {}
     if args.jobs < 1:
@@ -164,6 +170,9 @@ def main() -> None:
     def finals(method: str, domain: str) -> list[float | None]:
         return [per_seed[s]["rows"][method].domains.get(domain) for s in seeds]
 
+    def base(domain: str) -> list[float | None]:
+        return [load_summary(per_seed[s]["index"]["base_eval"]).domains.get(domain) for s in seeds]
+
     console = Console(width=160)
     table = Table(title=f"arena over {len(seeds)} seed(s): mean ± sd (accuracy in points)")
     for column in ("method", *(title for _, title in COLUMNS)):
@@ -174,8 +183,14 @@ def main() -> None:
     per_domain = Table(title="final accuracy per domain (oracles: each domain trained alone)")
     for column in ("method", *domains):
         per_domain.add_column(column, justify="left" if column == "method" else "right")
+    per_domain.add_row("base", *(cell(base(d)) for d in domains))
     for method in methods:
         per_domain.add_row(method, *(cell(finals(method, d)) for d in domains))
+    gains = {}
+    if "oracles" in methods:  # each oracle's gain over the base, seed by seed
+        pairs = {d: zip(finals("oracles", d), base(d), strict=True) for d in domains}
+        gains = {d: [None if o is None or b is None else o - b for o, b in pairs[d]] for d in domains}
+        per_domain.add_row("oracle - base", *(cell(gains[d]) for d in domains))
     console.print(per_domain)
     checks: dict[str, Any] = {}
     if "sequential" in methods:
@@ -219,6 +234,8 @@ def main() -> None:
         "load_before": load_before,
         "load_after": load_after,
         "checks": checks,
+        "base": {d: base(d) for d in domains},
+        "oracle_gain": gains,
         "seconds_per_seed": times,
         "per_seed": {
             s: {
