@@ -259,3 +259,10 @@ def test_a_variant_of_an_unknown_plugin_is_the_same_clear_error():
     with pytest.raises(registry.UnknownEnvironment, match="known tags"):
         registry.load_factory("mock-")  # no variant part: not a variant of mock
     assert registry.entry_point("nosuch-fruit") is None
+
+
+def test_data_prepare_refuses_a_variant_whose_preparation_takes_no_tag(capsys):
+    from aclarena_slime.cli import main
+
+    assert main(["data", "prepare", "math-easy", "--help"]) == 2  # math's main(argv) would write records tagged math
+    assert "'math-easy' is a variant tag" in capsys.readouterr().err
