@@ -266,3 +266,9 @@ def test_data_prepare_refuses_a_variant_whose_preparation_takes_no_tag(capsys):
 
     assert main(["data", "prepare", "math-easy", "--help"]) == 2  # math's main(argv) would write records tagged math
     assert "'math-easy' is a variant tag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plugin", ["math", "mock", "ifeval", "search", "template", "learnable"])
+def test_each_plugins_demo_records_carry_the_variant_tag(plugin):
+    env = registry.get_environment(f"{plugin}-variant")
+    assert {r["metadata"]["env"] for r in env.demo_records(2, seed=0)} == {f"{plugin}-variant"}
