@@ -222,9 +222,21 @@ def _check_choices(recipe: StageRecipe, source: str) -> None:
             raise RecipeError(f"{source}: services.{name}: max_restarts must be >= 0, check_interval_s and "
                               "unready_timeout_s positive")  # fmt: skip
     if recipe.kind != "sft" and recipe.data.env not in recipe.env_config:
+        tag = recipe.data.env
         raise RecipeError(
-            f"{source}: no env_config for the data's env tag {recipe.data.env!r} (add env@env_config.TAG: TAG)"
+            f"{source}: no env_config for the data's env tag {tag!r} (add env@env_config.{tag}: {_group_option(tag)}"
+            f" to defaults, or +env@env_config.{tag}={_group_option(tag)} on the command line)"
         )
+
+
+def _group_option(tag: str) -> str:
+    """The ``env/`` group option of a tag's settings: its own, or its plugin's for a variant tag."""
+    from aclarena_slime.plugin.registry import UnknownEnvironment, plugin_tag
+
+    try:
+        return plugin_tag(tag)
+    except UnknownEnvironment:
+        return tag
 
 
 def _first_line(exc: BaseException) -> str:

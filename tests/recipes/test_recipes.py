@@ -348,3 +348,9 @@ def test_a_variants_local_profile_applies_its_plugins_env_settings_to_the_varian
     search = load_recipe(RECIPES / "reasoning_gym.yaml", [f"paths.root={tmp_path}", "data.env=search-nq", "cluster=local"])
     assert search.env_config["search-nq"]["topk"] == 1 and "search" not in search.env_config
     assert search.cluster.local.warm_start_demos == "aclarena_envs.search.data.demo_turns"
+
+
+def test_a_variant_stage_without_its_env_section_names_the_plugins_group_option(tmp_path: Path):
+    with pytest.raises(RecipeError, match=rf"no env_config for the data's env tag '{VARIANT}' \(add "
+                       rf"env@env_config.{VARIANT}: reasoning_gym to defaults"):  # fmt: skip
+        load_recipe(RECIPES / "reasoning_gym.yaml", [f"paths.root={tmp_path}", f"data.env={VARIANT}"])

@@ -180,3 +180,17 @@ def test_prepare_under_a_variant_tag_writes_records_tagged_with_it(tmp_path, cap
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written == data.records("spell_backward", 3, 0, tag="reasoning_gym-spell_backward")
     assert {r["metadata"]["env"] for r in written} == {"reasoning_gym-spell_backward"}
+
+
+def test_a_slime_stage_of_a_variant_compiles_with_its_own_data_and_settings(tmp_path, capsys):
+    from aclarena_slime.launcher.stage import main
+
+    variant = "reasoning_gym-word_sorting"
+    args = [str(REPO / "recipes" / "reasoning_gym.yaml"), "--dry-run", "backend=slime", f"paths.root={tmp_path}",
+            f"data.env={variant}", f"++env_config.{variant}.tasks=word_sorting"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path}/data/{variant}/train.jsonl" in out and f"{tmp_path}/runs/{variant}/checkpoint" in out
+    assert f'"adapter_name": "{variant}"' in out and f"on a LoRA expert named {variant}." in out
+    settings = out[out.index(f'"{variant}": {{') :]  # the custom config the rollout reads: the variant's own section
+    assert settings.index('"tasks": "word_sorting"') < settings.index("}")
