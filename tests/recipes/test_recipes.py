@@ -354,3 +354,10 @@ def test_a_variant_stage_without_its_env_section_names_the_plugins_group_option(
     with pytest.raises(RecipeError, match=rf"no env_config for the data's env tag '{VARIANT}' \(add "
                        rf"env@env_config.{VARIANT}: reasoning_gym to defaults"):  # fmt: skip
         load_recipe(RECIPES / "reasoning_gym.yaml", [f"paths.root={tmp_path}", f"data.env={VARIANT}"])
+
+
+def test_a_stages_tasks_replace_the_reasoning_gym_default_rather_than_mixing_with_it(tmp_path: Path):
+    """A variant started from recipes/env/reasoning_gym.yaml is the task family it names, not a mix with the default."""
+    recipe = load_recipe(RECIPES / "reasoning_gym.yaml", [f"paths.root={tmp_path}", f"data.env={VARIANT}",
+                         f"+env@env_config.{VARIANT}=reasoning_gym", f"env_config.{VARIANT}.tasks={{word_sorting: 1}}"])  # fmt: skip
+    assert recipe.env_config[VARIANT]["tasks"] == {"word_sorting": 1}
