@@ -169,6 +169,7 @@ async def test_a_variants_records_score_through_the_variant():
     environment = get_environment("reasoning_gym-word_sorting", {"tasks": "word_sorting"})
     record = environment.demo_records(1, seed=3)[0]
     assert (await reward_of(environment, record, data.demo_turns(record)[0])).reward == 1.0
+    await check_environment(environment, [Task(**record)], [data.demo_turns(record)[0]])  # the kit takes a variant
 
 
 def test_prepare_under_a_variant_tag_writes_records_tagged_with_it(tmp_path, capsys):
