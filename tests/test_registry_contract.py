@@ -226,3 +226,49 @@ async def test_the_kit_reports_a_check_label_that_refuses_the_envs_own_label():
 
     with pytest.raises(ConformanceError, match=r"task 0: check_label refused its label 'hi' \(ValueError: no label"):
         await check_environment(Strict(), [Task("p", "hi")], entry_point=False)
+
+
+def test_a_variant_tag_names_its_plugin_under_a_tag_of_its_own():
+    env = registry.get_environment("mock-fruit")
+    assert type(env).__name__ == "MockEnvironment" and type(env).tag == "mock"
+    assert env.tag == "mock-fruit"  # the built env reports the variant: its records carry it
+    assert {r["metadata"]["env"] for r in env.demo_records(3)} == {"mock-fruit"}
+    assert registry.get_environment("mock").tag == "mock"
+    assert registry.plugin_tag("mock-fruit") == "mock" and registry.is_variant("mock-fruit")
+    assert not registry.is_variant("mock")
+    assert registry.environment_class("mock-fruit") is type(env)
+    assert registry.entry_point("mock-fruit") == registry.entry_point("mock")
+
+
+def test_an_exact_registration_wins_over_the_variant_reading(monkeypatch):
+    class Special(Environment):
+        tag = "mock-special"
+
+        async def start(self, task):
+            raise NotImplementedError
+
+    monkeypatch.setitem(registry._registered, "mock-special", Special)
+    assert type(registry.get_environment("mock-special")) is Special
+    assert registry.plugin_tag("mock-special") == "mock-special"
+    assert type(registry.get_environment("mock-other")).__name__ == "MockEnvironment"
+
+
+def test_a_variant_of_an_unknown_plugin_is_the_same_clear_error():
+    with pytest.raises(registry.UnknownEnvironment, match="'nosuch-fruit' .*variant.*known tags: .*math.*mock"):
+        registry.get_environment("nosuch-fruit")
+    with pytest.raises(registry.UnknownEnvironment, match="known tags"):
+        registry.load_factory("mock-")  # no variant part: not a variant of mock
+    assert registry.entry_point("nosuch-fruit") is None
+
+
+def test_data_prepare_refuses_a_variant_whose_preparation_takes_no_tag(capsys):
+    from aclarena_slime.cli import main
+
+    assert main(["data", "prepare", "math-easy", "--help"]) == 2  # math's main(argv) would write records tagged math
+    assert "'math-easy' is a variant tag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plugin", ["math", "mock", "ifeval", "search", "template", "learnable"])
+def test_each_plugins_demo_records_carry_the_variant_tag(plugin):
+    env = registry.get_environment(f"{plugin}-variant")
+    assert {r["metadata"]["env"] for r in env.demo_records(2, seed=0)} == {f"{plugin}-variant"}

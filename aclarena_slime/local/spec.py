@@ -308,14 +308,23 @@ def local_plan(session: LocalSession) -> str:
 
 def _local_env(tag: str) -> dict[str, Any]:
     """The env's own local-backend settings (``recipes/env/local/<tag>.yaml``'s ``env_config.<tag>``): the
-    local profile composes them for the data's env only, and a parallel-MLE expert of another env needs them."""
+    local profile composes them for the data's env only, and a parallel-MLE expert of another env needs them.
+    A variant tag (``PLUGIN-VARIANT``) without a file of its own has its plugin's."""
     import yaml
 
+    from aclarena_slime.plugin.registry import UnknownEnvironment, plugin_tag
     from aclarena_slime.recipes.compiler import REPO_ROOT
 
-    path = REPO_ROOT / "recipes" / "env" / "local" / f"{tag}.yaml"
+    folder = REPO_ROOT / "recipes" / "env" / "local"
+    own = tag
+    if not (folder / f"{tag}.yaml").is_file():
+        try:
+            own = plugin_tag(tag)
+        except UnknownEnvironment:
+            return {}
+    path = folder / f"{own}.yaml"
     values = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
-    return dict(((values or {}).get("env_config") or {}).get(tag) or {})
+    return dict(((values or {}).get("env_config") or {}).get(own) or {})
 
 
 def expert_sessions(recipe: StageRecipe, session: LocalSession) -> list[LocalSession]:

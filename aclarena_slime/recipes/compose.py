@@ -116,9 +116,53 @@ def profile_overrides(composed: DictConfig, root: Path) -> list[str]:
         raise RecipeError(f"cluster.profile={name!r}: no {root / 'profile' / name}.yaml")
     out = [f"+profile@_global_={name}"]
     env = OmegaConf.select(composed, "data.env", default=None)
-    if env and (root / "env" / name / f"{env}.yaml").is_file():
-        out.append(f"+env/{name}@_global_={env}")
+    if not env:
+        return out
+    if (root / "env" / name / f"{env}.yaml").is_file():
+        return [*out, f"+env/{name}@_global_={env}"]
+    return [*out, *_variant_profile(composed, root / "env" / name, str(env))]
+
+
+def _variant_profile(composed: DictConfig, folder: Path, variant: str) -> list[str]:
+    """A variant tag's (``PLUGIN-VARIANT``) env part of a profile: its plugin's file, with the file's
+    ``env_config.<plugin>`` section applied to ``env_config.<variant>``, the section the variant's env reads."""
+    from aclarena_slime.plugin.registry import UnknownEnvironment, plugin_tag
+
+    try:
+        plugin = plugin_tag(variant)
+    except UnknownEnvironment:
+        return []  # not an env's tag: the recipe's check of data.env says so
+    path = folder / f"{plugin}.yaml"
+    if plugin == variant or not path.is_file():
+        return []
+    out = [f"+env/{folder.name}@_global_={plugin}"]
+    section = ((yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("env_config") or {}).get(plugin)
+    if section:
+        if OmegaConf.select(composed, f"env_config.{plugin}", default=None) is None:
+            out.append(f"~env_config.{plugin}")  # the file's section serves the variant, not a stage of the plugin
+        try:
+            out.append(f"++env_config.{variant}={_override_value(section)}")
+        except ValueError as exc:
+            raise RecipeError(f"{path}: env_config.{plugin} cannot serve the variant {variant!r} ({exc}); "
+                              f"write {folder / variant}.yaml") from exc
     return out
+
+
+def _override_value(value: object) -> str:
+    """``value`` (from YAML) as a Hydra override's value; strings are quoted, so none is read as a number."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        if "'" in value or "\\" in value:
+            raise ValueError(f"the string {value!r} holds a quote or a backslash")
+        return f"'{value}'"
+    if isinstance(value, list):
+        return "[" + ", ".join(_override_value(v) for v in value) + "]"
+    if isinstance(value, dict) and all(isinstance(k, str) and k.isidentifier() for k in value):
+        return "{" + ", ".join(f"{k}: {_override_value(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"{value!r} is not a YAML scalar, list or mapping of plain keys")
 
 
 def load_recipe(
@@ -178,9 +222,21 @@ def _check_choices(recipe: StageRecipe, source: str) -> None:
             raise RecipeError(f"{source}: services.{name}: max_restarts must be >= 0, check_interval_s and "
                               "unready_timeout_s positive")  # fmt: skip
     if recipe.kind != "sft" and recipe.data.env not in recipe.env_config:
+        tag = recipe.data.env
         raise RecipeError(
-            f"{source}: no env_config for the data's env tag {recipe.data.env!r} (add env@env_config.TAG: TAG)"
+            f"{source}: no env_config for the data's env tag {tag!r} (add env@env_config.{tag}: {_group_option(tag)}"
+            f" to defaults, or +env@env_config.{tag}={_group_option(tag)} on the command line)"
         )
+
+
+def _group_option(tag: str) -> str:
+    """The ``env/`` group option of a tag's settings: its own, or its plugin's for a variant tag."""
+    from aclarena_slime.plugin.registry import UnknownEnvironment, plugin_tag
+
+    try:
+        return plugin_tag(tag)
+    except UnknownEnvironment:
+        return tag
 
 
 def _first_line(exc: BaseException) -> str:

@@ -131,7 +131,7 @@ class IFEvalEnvironment(Environment):
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """Generated prompts (see :mod:`aclarena_envs.ifeval.generator`), reproducible from ``seed``."""
-        return [prompt.to_slime(i, seed) for i, prompt in enumerate(generate(n, seed))]
+        return [prompt.to_slime(i, seed, self.tag) for i, prompt in enumerate(generate(n, seed))]
 
     @classmethod
     def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:

@@ -90,9 +90,9 @@ class GeneratedPrompt:
     prompt: str
     label: Label
 
-    def to_slime(self, index: int, seed: int) -> dict[str, Any]:
-        """A slime JSONL record; the label is JSON text so columnar readers keep it intact."""
-        metadata = {"env": "ifeval", "source": "generated", "seed": seed, "index": index}
+    def to_slime(self, index: int, seed: int, tag: str = "ifeval") -> dict[str, Any]:
+        """A slime JSONL record (``metadata.env``: ``tag``); the label is JSON text so columnar readers keep it intact."""
+        metadata = {"env": tag, "source": "generated", "seed": seed, "index": index}
         return {"prompt": self.prompt, "label": self.label.to_json(), "metadata": metadata}
 
 

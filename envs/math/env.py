@@ -168,7 +168,7 @@ class MathEnvironment(Environment):
                 {
                     "prompt": f"What is {a} {op} {b}?",
                     "label": str(answer),
-                    "metadata": {"env": "math", "source": "demo-arithmetic", "index": i},
+                    "metadata": {"env": self.tag, "source": "demo-arithmetic", "index": i},
                 }
             )
         return records

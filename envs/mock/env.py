@@ -60,7 +60,7 @@ class MockEnvironment(Environment):
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         rng = random.Random(seed)
         words = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "grape"]
-        return [{"prompt": "", "label": rng.choice(words), "metadata": {"env": "mock", "index": i}} for i in range(n)]
+        return [{"prompt": "", "label": rng.choice(words), "metadata": {"env": self.tag, "index": i}} for i in range(n)]
 
     async def start(self, task: Task) -> MockEpisode:
         secret = str(task.label_value if task.label is not None else "")

@@ -18,10 +18,10 @@ from aclarena_slime.jsonl import write_jsonl_atomic
 TAG = "openenv"
 
 
-def records(n: int, seed: int = 0) -> list[dict[str, Any]]:
+def records(n: int, seed: int = 0, tag: str = TAG) -> list[dict[str, Any]]:
     """``n`` records asking for the episodes ``reset(seed=...)`` of seeds derived from ``seed``."""
     seeds = [seed * 1_000_003 + i for i in range(n)]
-    return [{"prompt": f"Episode {s}.", "label": None, "metadata": {"env": TAG, "index": i, "reset": {"seed": s}}}
+    return [{"prompt": f"Episode {s}.", "label": None, "metadata": {"env": tag, "index": i, "reset": {"seed": s}}}
             for i, s in enumerate(seeds)]  # fmt: skip
 
 

@@ -271,4 +271,4 @@ class OpenEnvEnvironment(Environment):
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         from aclarena_envs.openenv.data import records
 
-        return records(n, seed)
+        return records(n, seed, self.tag)

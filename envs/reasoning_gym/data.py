@@ -58,8 +58,10 @@ def records(
     n: int,
     seed: int = 0,
     task_config: Mapping[str, Mapping[str, Any]] | None = None,
+    tag: str = TAG,
 ) -> list[dict[str, Any]]:
-    """``n`` records drawn from ``tasks`` by weight; each task's entries come from its own generator at ``seed``."""
+    """``n`` records drawn from ``tasks`` by weight; each task's entries come from its own generator at ``seed``;
+    ``metadata.env`` is ``tag`` (a variant's, e.g. ``reasoning_gym-spell_backward``, for a domain of its own)."""
     weights = weights_of(tasks)
     task_config = dict(task_config or {})
     names = sorted(weights)
@@ -73,7 +75,7 @@ def records(
         item = taken[name]
         taken[name] += 1
         entry = made[name][item]
-        metadata = {"env": TAG, "index": i, "task": name, "seed": seed, "size": sizes[name], "item": item}
+        metadata = {"env": tag, "index": i, "task": name, "seed": seed, "size": sizes[name], "item": item}
         if task_config.get(name):
             metadata["config"] = dict(task_config[name])
         out.append({"prompt": str(entry["question"]), "label": str(entry["answer"]), "metadata": metadata})
@@ -90,15 +92,16 @@ def _task_weight(text: str) -> tuple[str, float]:
     return name, float(weight) if weight else 1.0
 
 
-def main(argv: list[str]) -> int:
-    """``aclarena data prepare reasoning_gym --output FILE --task NAME[:WEIGHT] ... [--n N] [--seed S]``."""
-    parser = argparse.ArgumentParser(prog="aclarena data prepare reasoning_gym", description=main.__doc__)
+def main(argv: list[str], tag: str = TAG) -> int:
+    """``aclarena data prepare reasoning_gym --output FILE --task NAME[:WEIGHT] ... [--n N] [--seed S]``; under a
+    variant tag (``aclarena data prepare reasoning_gym-NAME ...``) the records carry that tag."""
+    parser = argparse.ArgumentParser(prog=f"aclarena data prepare {tag}", description=main.__doc__)
     parser.add_argument("--output", type=Path, required=True, help="slime JSONL to write")
     parser.add_argument("--task", action="append", required=True, help="a reasoning-gym task, NAME or NAME:WEIGHT")
     parser.add_argument("--n", type=int, default=1000, help="records to write")
     parser.add_argument("--seed", type=int, default=0, help="another seed gives other entries (an eval set)")
     args = parser.parse_args(argv)
     weights = dict(_task_weight(t) for t in args.task)
-    written = write_jsonl_atomic(records(weights, args.n, args.seed), args.output)
+    written = write_jsonl_atomic(records(weights, args.n, args.seed, tag=tag), args.output)
     print(json.dumps({"written": written, "output": str(args.output), "tasks": weights}))
     return 0

@@ -3,7 +3,8 @@
 The model answers inside ``<answer>...</answer>`` (reasoning-gym's own convention; thinking before
 ``</think>`` is ignored) and the task's ``score_answer`` scores the last such answer against the entry
 the generator made, regenerated from the record's metadata (``data.py``). Reward in [0, 1], as the
-library's. Config (recipe ``env_config.reasoning_gym``, :class:`ReasoningGymConfig`): ``tasks`` (a name,
+library's. Config (recipe ``env_config.reasoning_gym``, or ``env_config.<variant tag>`` under a variant tag such as
+``reasoning_gym-spell_backward``; :class:`ReasoningGymConfig`): ``tasks`` (a name,
 a list, or ``{name: weight}``), ``task_config`` (``{name: create_dataset kwargs}``, e.g. a difficulty),
 ``instruction``, ``max_answer_chars``, ``score_timeout_s``.
 
@@ -82,7 +83,7 @@ class ReasoningGymEnvironment(Environment):
         self._datasets: dict[str, Any] = {}
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        return data.records(self.weights, n, seed, self.settings.task_config)
+        return data.records(self.weights, n, seed, self.settings.task_config, tag=self.tag)
 
     async def start(self, task: Task) -> ReasoningGymEpisode:
         name = task.metadata.get("task")

@@ -268,7 +268,8 @@ class RetailEnvironment(Environment):
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` records drawn from the train split of the configured data directory."""
         rows = records(self.data, "train")
-        return random.Random(seed).sample(rows, min(n, len(rows)))
+        drawn = random.Random(seed).sample(rows, min(n, len(rows)))
+        return [{**row, "metadata": {**row["metadata"], "env": self.tag}} for row in drawn]
 
     @classmethod
     def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:

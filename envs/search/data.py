@@ -100,9 +100,11 @@ def convert(paths: Iterable[Path], source: str | None, split: str | None) -> Ite
             raise ValueError(f"{path}: {exc}") from None
 
 
-def demo_records(questions: Iterable[demo_corpus.DemoQuestion], split: str) -> Iterator[dict[str, Any]]:
+def demo_records(
+    questions: Iterable[demo_corpus.DemoQuestion], split: str, tag: str = "search"
+) -> Iterator[dict[str, Any]]:
     for i, q in enumerate(questions):
-        metadata = {"env": "search", "data_source": f"demo_{q.hop}", "hop": q.hop, "split": split, "id": f"{split}-{i}"}
+        metadata = {"env": tag, "data_source": f"demo_{q.hop}", "hop": q.hop, "split": split, "id": f"{split}-{i}"}
         yield {"prompt": q.question, "label": {"target": q.answers}, "metadata": metadata}
 
 

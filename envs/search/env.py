@@ -213,7 +213,7 @@ class SearchEnvironment(Environment):
             raise NotImplementedError("demo records only match the demo corpus; name a dataset for your corpus")
         questions = list(demo_corpus.generate(demo_corpus.DEMO_PASSAGES).questions)
         random.Random(seed).shuffle(questions)
-        return list(data.demo_records(questions[:n], "demo"))
+        return list(data.demo_records(questions[:n], "demo", self.tag))
 
     @classmethod
     def routing_prompts(cls, n: int, seed: int = 0) -> list[str]:

@@ -20,13 +20,13 @@ TAG = "template"
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 
 
-def demo_records(n: int, seed: int = 0) -> list[dict[str, Any]]:
+def demo_records(n: int, seed: int = 0, tag: str = TAG) -> list[dict[str, Any]]:
     """``n`` records "Repeat this word: W.", label W, reproducible from ``seed``."""
     rng = random.Random(seed)
     records = []
     for i in range(n):
         word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
-        records.append({"prompt": f"Repeat this word: {word}.", "label": word, "metadata": {"env": TAG, "index": i}})
+        records.append({"prompt": f"Repeat this word: {word}.", "label": word, "metadata": {"env": tag, "index": i}})
     return records
 
 

@@ -52,4 +52,4 @@ class TemplateEnvironment(Environment):
         return TemplateEpisode(task, self.instruction)
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        return data.demo_records(n, seed)
+        return data.demo_records(n, seed, self.tag)

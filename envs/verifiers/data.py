@@ -34,7 +34,7 @@ def _plain(message: Any) -> dict[str, Any]:
     return {k: v for k, v in dict(message).items() if v is not None}
 
 
-def records(vf_env: Any, n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+def records(vf_env: Any, n: int, seed: int = 0, split: str = "train", tag: str = TAG) -> list[dict[str, Any]]:
     """Up to ``n`` records from the env's ``train`` dataset (or ``eval``), shuffled with ``seed``."""
     rows = vf_env.get_dataset(n=n, seed=seed) if split == "train" else vf_env.get_eval_dataset(n=n, seed=seed)
     env_id = getattr(vf_env, "env_id", "") or ""
@@ -42,7 +42,7 @@ def records(vf_env: Any, n: int, seed: int = 0, split: str = "train") -> list[di
     for i, row in enumerate(rows):
         prompt = row["prompt"]
         prompt = [_plain(m) for m in prompt] if isinstance(prompt, list) else str(prompt)
-        metadata: dict[str, Any] = {"env": TAG, "index": i, "env_id": env_id, "example_id": int(row.get("example_id", i))}
+        metadata: dict[str, Any] = {"env": tag, "index": i, "env_id": env_id, "example_id": int(row.get("example_id", i))}
         info = row.get("info")
         if isinstance(info, str) and info:
             info = json.loads(info)

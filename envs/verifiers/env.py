@@ -253,4 +253,4 @@ class VerifiersEnvironment(Environment):
         return episode
 
     def demo_records(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        return records(self.vf_env, n, seed)
+        return records(self.vf_env, n, seed, tag=self.tag)

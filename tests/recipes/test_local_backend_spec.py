@@ -176,3 +176,22 @@ def test_the_recipes_optimiser_batch_reaches_the_local_stage(tmp_path: Path, mon
     assert "2 optimiser steps of 32 samples a step" in capsys.readouterr().out
     warm = stage_sh_local(str(REPO / "recipes/stage2_search_sft.yaml"), "rollout.num_steps_per_rollout=2")
     assert warm.kind == "sft" and warm.steps_per_rollout == 2  # an SFT stage takes slime's split too
+
+
+def test_a_variant_stage_builds_on_the_local_backend_and_its_records_carry_the_variant(tmp_path: Path):
+    pytest.importorskip("reasoning_gym")
+    from aclarena_slime.local.records import demo_records
+    from aclarena_slime.local.spec import _local_env
+    from aclarena_slime.plugin.registry import get_environment
+
+    variant = "reasoning_gym-word_sorting"
+    cfg = stage_sh_local(str(REPO / "recipes/reasoning_gym.yaml"), f"paths.root={tmp_path}", f"data.env={variant}",
+                         f"++env_config.{variant}.tasks=word_sorting")  # fmt: skip
+    assert (cfg.env, dict(cfg.env_config)) == (variant, {"tasks": "word_sorting"})
+    assert cfg.warm_start_demos == "aclarena_envs.reasoning_gym.data.demo_turns" and cfg.warm_start_steps > 0
+    assert cfg.output_dir == str(tmp_path / "runs" / variant / "local")
+    records = demo_records(get_environment(cfg.env, cfg.env_config), 3, seed=0)  # the local stage's own check
+    assert {(r["metadata"]["env"], r["metadata"]["task"]) for r in records} == {(variant, "word_sorting")}
+    # a parallel-MLE expert of a variant gets its plugin's local env settings
+    assert _local_env("retail-small") == _local_env("retail") != {}
+    assert _local_env("no_such_plugin-x") == {}

@@ -321,3 +321,43 @@ def test_a_negative_rollout_count_is_refused_as_not_positive(key: str, tmp_path:
     """Found by fault injection: rollout_batch_size=-2 was refused as an optimiser batch that does not fit."""
     with pytest.raises(RecipeError, match=f"rollout.{key} must be positive, got -2"):
         compiled("stage1_math", f"rollout.{key}=-2", tmp=tmp_path)
+
+
+VARIANT = "reasoning_gym-spell_backward"
+
+
+def test_a_variant_stage_composes_with_its_own_env_section_and_its_plugins_local_profile(tmp_path: Path):
+    """``data.env=PLUGIN-VARIANT``: Hydra takes the hyphenated key in an ``env_config.`` override and in a defaults
+    package, and on cluster=local the plugin's env/local/reasoning_gym.yaml applies (its warm-start demos)."""
+    overrides = [f"paths.root={tmp_path}", f"data.env={VARIANT}", f"+env@env_config.{VARIANT}=reasoning_gym",
+                 f"++env_config.{VARIANT}.tasks=spell_backward"]  # fmt: skip
+    recipe = load_recipe(RECIPES / "reasoning_gym.yaml", [*overrides, "cluster=local"])
+    assert recipe.name == VARIANT and recipe.data.prompt_data == f"{tmp_path}/data/{VARIANT}/train.jsonl"
+    assert recipe.env_config[VARIANT]["tasks"] == "spell_backward"
+    assert recipe.env_config[VARIANT]["max_answer_chars"] == 2000  # the plugin's settings file, under the variant
+    assert recipe.cluster.local.warm_start_demos == "aclarena_envs.reasoning_gym.data.demo_turns"
+    assert load_recipe(RECIPES / "reasoning_gym.yaml", overrides).cluster.local.warm_start_demos is None
+
+
+def test_a_variants_local_profile_applies_its_plugins_env_settings_to_the_variant(tmp_path: Path):
+    retail = load_recipe(RECIPES / "stage3_retail.yaml", [f"paths.root={tmp_path}", "data.env=retail-small", "cluster=local"])
+    assert retail.env_config["retail-small"]["user"]["kind"] == "llm"  # recipes/env/local/retail.yaml's user
+    assert retail.env_config["retail-small"]["user"]["base_url"] == "{local_engine}/v1"
+    assert retail.cluster.local.warm_start_steps == 0
+    # a stage without a section of the plugin's own gets none from the file: it served the variant
+    search = load_recipe(RECIPES / "reasoning_gym.yaml", [f"paths.root={tmp_path}", "data.env=search-nq", "cluster=local"])
+    assert search.env_config["search-nq"]["topk"] == 1 and "search" not in search.env_config
+    assert search.cluster.local.warm_start_demos == "aclarena_envs.search.data.demo_turns"
+
+
+def test_a_variant_stage_without_its_env_section_names_the_plugins_group_option(tmp_path: Path):
+    with pytest.raises(RecipeError, match=rf"no env_config for the data's env tag '{VARIANT}' \(add "
+                       rf"env@env_config.{VARIANT}: reasoning_gym to defaults"):  # fmt: skip
+        load_recipe(RECIPES / "reasoning_gym.yaml", [f"paths.root={tmp_path}", f"data.env={VARIANT}"])
+
+
+def test_a_stages_tasks_replace_the_reasoning_gym_default_rather_than_mixing_with_it(tmp_path: Path):
+    """A variant started from recipes/env/reasoning_gym.yaml is the task family it names, not a mix with the default."""
+    recipe = load_recipe(RECIPES / "reasoning_gym.yaml", [f"paths.root={tmp_path}", f"data.env={VARIANT}",
+                         f"+env@env_config.{VARIANT}=reasoning_gym", f"env_config.{VARIANT}.tasks={{word_sorting: 1}}"])  # fmt: skip
+    assert recipe.env_config[VARIANT]["tasks"] == {"word_sorting": 1}

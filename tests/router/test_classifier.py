@@ -133,3 +133,14 @@ async def test_gateway_routes_untagged_requests_by_classifier(tiny_tokenizer, ma
             assert status == 400 and "no environment tag" in out["error"]["message"]
     assert engine.requests[0]["model"] == "qwen3-8b-sdft:ifeval-expert"
     assert engine.requests[1]["lora_path"] == "math-expert"
+
+
+def test_variant_tags_of_one_plugin_give_the_prompts_of_their_own_settings():
+    pytest.importorskip("reasoning_gym")
+    configs = {"reasoning_gym-spell_backward": {"tasks": "spell_backward"}, "reasoning_gym-word_sorting": {"tasks": "word_sorting"}}
+    pairs = labelled_prompts(sorted(configs), 6, seed=0, env_configs=configs)
+    by_tag = {tag: {text for text, t in pairs if t == tag} for tag in configs}
+    assert all(len(texts) == 6 for texts in by_tag.values())
+    assert not by_tag["reasoning_gym-spell_backward"] & by_tag["reasoning_gym-word_sorting"]
+    with pytest.raises(ValueError, match="'reasoning_gym-word_sorting' is a variant tag of the env 'reasoning_gym'"):
+        labelled_prompts(["reasoning_gym-word_sorting"], 2)  # the plugin's class alone: every variant alike

@@ -148,3 +148,50 @@ def test_a_local_stage_warm_starts_on_the_generators_answers_and_runs(tmp_path, 
     assert len(metrics["steps"]) == 1 and metrics["eval_after"]["prompts"] == 2
     demos = metrics["warm_start"]["demos"]  # replayed through the env: the task's own scorer gave each the full reward
     assert demos["replayed"] == demos["kept"] == 8 and demos["mean_reward"] == 1.0
+
+
+def test_a_variant_tag_is_a_domain_of_its_own_in_one_process():
+    from aclarena_slime.plugin.registry import get_environment
+
+    spell = get_environment("reasoning_gym-spell_backward", {"tasks": "spell_backward"})
+    words = get_environment("reasoning_gym-word_sorting", {"tasks": "word_sorting"})
+    spelled, sorted_ = spell.demo_records(4, seed=0), words.demo_records(4, seed=0)
+    assert {r["metadata"]["env"] for r in spelled} == {"reasoning_gym-spell_backward"}
+    assert {r["metadata"]["env"] for r in sorted_} == {"reasoning_gym-word_sorting"}
+    assert {r["metadata"]["task"] for r in sorted_} == {"word_sorting"}
+    assert not {r["prompt"] for r in spelled} & {r["prompt"] for r in sorted_}
+    assert get_environment("reasoning_gym", {"tasks": "spell_backward"}).demo_records(1)[0]["metadata"]["env"] == data.TAG
+
+
+async def test_a_variants_records_score_through_the_variant():
+    from aclarena_slime.plugin.registry import get_environment
+
+    environment = get_environment("reasoning_gym-word_sorting", {"tasks": "word_sorting"})
+    record = environment.demo_records(1, seed=3)[0]
+    assert (await reward_of(environment, record, data.demo_turns(record)[0])).reward == 1.0
+    await check_environment(environment, [Task(**record)], [data.demo_turns(record)[0]])  # the kit takes a variant
+
+
+def test_prepare_under_a_variant_tag_writes_records_tagged_with_it(tmp_path, capsys):
+    from aclarena_slime.cli import main
+
+    out = tmp_path / "train.jsonl"
+    argv = ["data", "prepare", "reasoning_gym-spell_backward", "--output", str(out), "--task", "spell_backward", "--n", "3"]
+    assert main(argv) == 0, capsys.readouterr().err
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert written == data.records("spell_backward", 3, 0, tag="reasoning_gym-spell_backward")
+    assert {r["metadata"]["env"] for r in written} == {"reasoning_gym-spell_backward"}
+
+
+def test_a_slime_stage_of_a_variant_compiles_with_its_own_data_and_settings(tmp_path, capsys):
+    from aclarena_slime.launcher.stage import main
+
+    variant = "reasoning_gym-word_sorting"
+    args = [str(REPO / "recipes" / "reasoning_gym.yaml"), "--dry-run", "backend=slime", f"paths.root={tmp_path}",
+            f"data.env={variant}", f"++env_config.{variant}.tasks=word_sorting"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path}/data/{variant}/train.jsonl" in out and f"{tmp_path}/runs/{variant}/checkpoint" in out
+    assert f'"adapter_name": "{variant}"' in out and f"on a LoRA expert named {variant}." in out
+    settings = out[out.index(f'"{variant}": {{') :]  # the custom config the rollout reads: the variant's own section
+    assert settings.index('"tasks": "word_sorting"') < settings.index("}")
