@@ -9,6 +9,7 @@ does, and a record stays a few hundred bytes. The same tasks, weights and seed g
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 from collections import Counter
@@ -49,8 +50,13 @@ def weights_of(tasks: str | Mapping[str, float] | list[str]) -> dict[str, float]
 
 
 def dataset(task: str, seed: int, size: int, config: Mapping[str, Any] | None = None) -> Any:
-    """The generator's dataset (``reasoning_gym.create_dataset``); its entry ``k`` depends on ``seed`` and ``k``."""
-    return library().create_dataset(task, size=size, seed=seed, **dict(config or {}))
+    """The generator's dataset (``reasoning_gym.create_dataset``) for a record ``seed``.
+
+    reasoning-gym draws entry ``k`` at ``seed + k``, so seeds ``s`` and ``s + 1`` would give one sequence shifted by an
+    entry (and a held-out seed 10,007 the 10,007th training entry on): the generator gets a seed hashed from the
+    record seed and the task, and seeds draw apart."""
+    digest = hashlib.blake2b(f"{task}:{seed}".encode(), digest_size=6).digest()
+    return library().create_dataset(task, size=size, seed=int.from_bytes(digest, "big"), **dict(config or {}))
 
 
 def records(

@@ -61,6 +61,16 @@ def test_records_repeat_per_seed_and_follow_the_weights():
     assert len({r["prompt"] for r in records}) > 300
 
 
+def test_two_seeds_draw_different_entries_not_one_sequence_shifted():
+    """reasoning-gym seeds entry k of a dataset at ``seed + k``: seeds 0 and 1 would share all but one entry, and the
+    arena's seeds (and a validation seed beside them) would evaluate the same prompts."""
+    config = {"rotate_matrix": {"min_n": 3, "max_n": 3}}  # 10^9 matrices: a chance repeat is rare
+    prompts = {seed: {r["prompt"] for r in data.records("rotate_matrix", 128, seed, config)} for seed in (0, 1, 100)}
+    assert len(prompts[0] & prompts[1]) <= 1 and len(prompts[0] & prompts[100]) <= 1
+    held_out = {r["prompt"] for r in data.records("rotate_matrix", 128, 10_007, config)}
+    assert len({r["prompt"] for r in data.records("rotate_matrix", 2048, 0, config)} & held_out) <= 1
+
+
 async def test_a_record_whose_question_the_generator_no_longer_makes_is_scored_on_its_label():
     record = env().demo_records(1, seed=3)[0]
     record = {**record, "prompt": record["prompt"] + " (edited)"}
