@@ -48,6 +48,15 @@ ROOT = Path(__file__).resolve().parents[1]
 FORGETS_BWT, FORGETS_MAX, MLE_GAP = -5.0, 10.0, 3.0  # the issue's targets (0.05, 0.10, 0.03) in points
 
 
+def short_names(domains: list[str]) -> dict[str, str]:
+    """Display names: the variant part of tags that are all one plugin's variants (``reasoning_gym-spell_backward``
+    -> ``spell_backward``), else the tags."""
+    plugins = {d.split("-", 1)[0] for d in domains}
+    if len(plugins) == 1 and all("-" in d for d in domains):
+        return {d: d.split("-", 1)[1] for d in domains}
+    return {d: d for d in domains}
+
+
 def cpu_seconds() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
@@ -180,8 +189,9 @@ def main() -> None:
     for method in methods:
         table.add_row(method, *(cell(values(method, k), k in ("rollout_tokens", "trainer_steps")) for k, _ in COLUMNS))
     console.print(table)
+    names = short_names(domains)
     per_domain = Table(title="final accuracy per domain (oracles: each domain trained alone)")
-    for column in ("method", *domains):
+    for column in ("method", *(names[d] for d in domains)):
         per_domain.add_column(column, justify="left" if column == "method" else "right")
     per_domain.add_row("base", *(cell(base(d)) for d in domains))
     for method in methods:
@@ -224,7 +234,7 @@ def main() -> None:
     panels = [(f"{m} (mean of {len(seeds)} seeds)", matrix) for m in ("sequential", "replay", "mle")
               if m in methods and (matrix := mean_matrix(out, seeds, m)) is not None]  # fmt: skip
     if panels:
-        plots.heatmaps(panels, out / "arena_heatmap.png")
+        plots.heatmaps(panels, out / "arena_heatmap.png", titles=names)
     report = {
         "seeds": seeds,
         "arena": str(args.arena),

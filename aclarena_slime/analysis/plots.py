@@ -37,6 +37,8 @@ def heatmaps(
     if not panels:
         raise ValueError("heatmaps needs at least one (title, matrix) panel")
     grids = [(title, matrix, *_rows(matrix)) for title, matrix in panels]
+    grids = [(title, matrix, [(titles or {}).get(label, label) for label in labels], data)  # a stage named by its domain
+             for title, matrix, labels, data in grids]  # fmt: skip
     cells = np.concatenate([data.ravel() for *_, data in grids])
     top = max(100.0, float(np.nanmax(cells))) if np.isfinite(cells).any() else 100.0
     width = max(1.3 * len(matrix.domains) + 2.5 for _, matrix in panels)
