@@ -32,8 +32,7 @@ from typing import Any
 
 import torch
 
-from aclarena_slime.kl import approx_kl
-from aclarena_slime.local.config import KL_TYPES
+from aclarena_slime.kl import KL_TYPES, approx_kl
 
 
 class SftError(ValueError):
