@@ -72,7 +72,7 @@ def local_rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
     def experts(*more: str) -> list[LocalSession]:
         """Each expert's session, to train it alone as a stage (run_stage) and side by side."""
         recipe = load_recipe(REPO / "recipes" / "mle_parallel.yaml", [*overrides, *args.overrides, *more])
-        return expert_sessions(recipe, open_session(recipe))
+        return expert_sessions(open_session(recipe), recipe.env_config)
 
     sessions = experts()
     out = Path(args.out)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.experts import EXPERTS_NAME
 from aclarena_slime.local.session import LocalSession, open_session
-from aclarena_slime.lora.config import LoraConfig
 
 if TYPE_CHECKING:
     from aclarena_slime.recipes.schema import StageRecipe
@@ -65,23 +65,25 @@ def _local_env(tag: str) -> dict[str, Any]:
     return dict(((values or {}).get("env_config") or {}).get(tag) or {})
 
 
-def expert_sessions(recipe: StageRecipe, session: LocalSession) -> list[LocalSession]:
+def expert_sessions(session: LocalSession, env_configs: Mapping[str, Any]) -> list[LocalSession]:
     """Parallel MLE (``lora.experts``): one expert's session per env tag, the stage's (its
-    :func:`~aclarena_slime.local.session.open_session`) otherwise equal: the tag's env and env settings, a LoRA
-    adapter of the tag's name, outputs under ``experts/<tag>``.
+    :func:`~aclarena_slime.local.session.open_session`) otherwise equal: the tag's env and env settings (the recipe's
+    ``env_configs``, under the tag's local ones), a LoRA adapter of the tag's name, outputs under ``experts/<tag>``.
+    A stage without a LoRA expert (full fine-tuning) has none.
 
     The experts share the frozen backbone, so none of them warm-starts it (a warning says so when the env's
     local profile asks for a warm start)."""
     policy, records = session.policy, session.records
-    # the stage's LoRA settings (with full fine-tuning the policy has none: its experts are refused by open_experts)
-    lora = policy.lora or LoraConfig.from_mapping(recipe.lora.to_dict())
+    lora = policy.lora
+    if lora is None:
+        return []
     if session.warm_start is not None:
         warnings.warn(
             "lora.experts: parallel MLE trains on the frozen backbone; it runs without the warm start", stacklevel=2
         )
     out = []
     for tag in lora.experts or []:
-        env_config = records.env_config if tag == session.env else {**(recipe.env_config.get(tag) or {}),
+        env_config = records.env_config if tag == session.env else {**(env_configs.get(tag) or {}),
                                                                     **_local_env(tag)}  # fmt: skip
         expert = dataclasses.replace(lora, adapter_name=tag, experts=None)
         output_dir = session.paths.output_dir / "experts" / tag
@@ -92,7 +94,7 @@ def expert_sessions(recipe: StageRecipe, session: LocalSession) -> list[LocalSes
             env=tag,
             paths=dataclasses.replace(session.paths, output_dir=output_dir),
             records=dataclasses.replace(records, env=tag, env_config=env_config, warm_start_records=0),
-            policy=dataclasses.replace(policy, name=tag, lora=None if policy.full else expert),
+            policy=dataclasses.replace(policy, name=tag, lora=expert),
             warm_start=None,
             settings={**session.settings, **settings},
         ))  # fmt: skip
@@ -109,7 +111,7 @@ def run_local(recipe: StageRecipe) -> dict[str, Any]:
     if policy.lora is not None and policy.lora.experts:
         from aclarena_slime.local.parallel_mle import open_experts, run_parallel_mle
 
-        metrics = run_parallel_mle(open_experts(expert_sessions(recipe, session)), str(paths.output_dir))
+        metrics = run_parallel_mle(open_experts(expert_sessions(session, recipe.env_config)), str(paths.output_dir))
         manifest = str(paths.output_dir / EXPERTS_NAME)
         return {"metrics": metrics, "policy": manifest, "full": False, "output_dir": str(paths.output_dir)}
     metrics = run_stage(session)

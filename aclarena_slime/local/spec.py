@@ -16,11 +16,12 @@ the check.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import warnings
 from typing import Any
 
 from aclarena_slime.recipes.compose import RecipeError
-from aclarena_slime.recipes.schema import StageRecipe
+from aclarena_slime.recipes.schema import RolloutConfig, StageRecipe
 
 # The recipe keys the local stage's builder (:func:`aclarena_slime.local.session.open_session`) reads, each by its own
 # line there (tests/local/test_spec_keys.py holds the two to each other); cluster.local is the backend's own.
@@ -74,32 +75,10 @@ EXTRA_KEYS: dict[str, dict[str, tuple[tuple[Any, ...] | None, str]]] = {
 }
 
 
-def check_recipe(recipe: StageRecipe) -> None:
-    """Refuse, naming the setting, a stage the local backend cannot run: its kind, a setting it runs one way only
-    (:func:`check_honoured`), a key it would leave aside (:func:`check_known`), a KL term of no weight."""
-    if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None):
-        raise RecipeError(
-            f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
-            f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
-        )
-    check_honoured(recipe)
-    check_known(recipe)
-    if recipe.algorithm.use_kl_loss and recipe.algorithm.kl_loss_coef <= 0:
-        raise RecipeError(f"{recipe.name}: algorithm.use_kl_loss=true needs algorithm.kl_loss_coef > 0")
-
-
-def _read(recipe: StageRecipe, key: str) -> Any:
-    """The recipe's value at a dotted ``key`` (``rollout.num_rollout``)."""
-    value: Any = recipe
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def check_honoured(recipe: StageRecipe) -> None:
     """Refuse (or warn about) each recipe setting the local backend cannot run, naming it."""
     for key, honoured, error, why in UNHONOURED:
-        value = _read(recipe, key)
+        value = operator.attrgetter(key)(recipe)
         if value in honoured:
             continue
         message = f"{key}={value!r}: the local backend cannot honour it ({why}); runs with {honoured[0]!r}"
@@ -149,21 +128,20 @@ def read_keys() -> set[str]:
     return set(RECIPE_KEYS) | {key for key, *_ in UNHONOURED}
 
 
-def steps_per_rollout(recipe: StageRecipe) -> int:
+def steps_per_rollout(rollout: RolloutConfig, name: str) -> int:
     """The optimiser steps a GRPO step (or an SFT stage's epoch) takes: the rollout's samples over slime's global
     batch (one when neither ``global_batch_size`` nor ``num_steps_per_rollout`` is set). A batch that does not
     divide the rollout is an error: slime refuses one larger than it and drops what an uneven split leaves over."""
-    rollout = recipe.rollout
     try:
         per_update = rollout.samples_per_update()
     except ValueError as exc:
-        raise RecipeError(f"{recipe.name}: {exc}") from exc
+        raise RecipeError(f"{name}: {exc}") from exc
     rollouts = rollout.rollout_batch_size * rollout.n_samples_per_prompt
     if per_update is None:
         return 1
     if not 1 <= per_update <= rollouts or rollouts % per_update:
         raise RecipeError(
-            f"{recipe.name}: rollout.global_batch_size={per_update} does not divide a step's {rollouts} rollouts "
+            f"{name}: rollout.global_batch_size={per_update} does not divide a step's {rollouts} rollouts "
             f"(rollout_batch_size {rollout.rollout_batch_size} x n_samples_per_prompt {rollout.n_samples_per_prompt}); "
             "set it to a divisor, or rollout.num_steps_per_rollout"
         )

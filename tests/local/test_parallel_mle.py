@@ -91,7 +91,7 @@ def test_the_experts_sessions_are_the_stages_with_each_tags_env_adapter_and_fold
     recipe = local_recipe(tmp_path, "lora.experts=[math,ifeval]", recipe=REPO / "recipes" / "mle_parallel.yaml")
     stage = local_session(tmp_path, "lora.experts=[math,ifeval]", recipe=REPO / "recipes" / "mle_parallel.yaml")
     with pytest.warns(UserWarning, match="without the warm start") if stage.warm_start else nullcontext():
-        sessions = expert_sessions(recipe, stage)
+        sessions = expert_sessions(stage, recipe.env_config)
     assert [s.env for s in sessions] == ["math", "ifeval"]
     for session in sessions:
         tag = session.env
