@@ -16,7 +16,8 @@ acting on a stage's warm start) the loss adds ``kl_coef`` times the token-mean K
 API::
 
     examples = [SftExample(tokens=[...], loss_mask=[0, 0, 1, 1, ...]), ...]
-    report = train_sft(model, examples, SftSettings(steps=200, lr=1e-3), pad_id=0, seed=0)
+    settings = SftSettings(steps=200, batch_size=16, lr=1e-3, micro_batch_size=16, kl_coef=0.0, kl_loss_type="low_var_kl")
+    report = train_sft(model, examples, settings, pad_id=0, seed=0)
     backbone_dir, report = warm_start(model_dir, examples, settings, out_dir)   # full fine-tune, saved
 """
 
@@ -64,16 +65,18 @@ class SftExample:
 
 @dataclass(frozen=True)
 class SftSettings:
-    """``steps`` optimiser steps of ``batch_size`` examples each (seeded epochs over the examples)."""
+    """``steps`` optimiser steps of ``batch_size`` examples each (seeded epochs over the examples). The recipe's
+    settings have no defaults here: the stage's builder (:func:`aclarena_slime.local.session.open_session`) fills
+    them from ``cluster.local`` and the recipe's KL term."""
 
-    steps: int = 100
-    batch_size: int = 16
-    lr: float = 1e-3
-    micro_batch_size: int = 16
+    steps: int
+    batch_size: int
+    lr: float
+    micro_batch_size: int
+    kl_coef: float  # > 0: the KL term to the reference policy (the stage's start), as in GRPO
+    kl_loss_type: str
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    kl_coef: float = 0.0  # > 0: the KL term to the reference policy (the stage's start), as in GRPO
-    kl_loss_type: str = "low_var_kl"
     # The report's NLL before and after SFT is measured on the first this many examples: enough to say whether SFT
     # fitted them; all of the search warm start's 2048 took 16 s of the main command, twice a forward over them.
     nll_examples: int = 512

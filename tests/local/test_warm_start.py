@@ -23,6 +23,8 @@ from aclarena_slime.local.tiny_model import TinyShape, build_tiny_tokenizer
 from aclarena_slime.rollout import Budgets
 from aclarena_slime.testing.local import LEARNABLE, local_recipe, local_session
 
+# The SFT settings these tests do not vary: a micro-batch of 16, no KL term.
+SFT = {"micro_batch_size": 16, "kl_coef": 0.0, "kl_loss_type": "low_var_kl"}
 # The small math stage with a warm start that the stage tests run (the env settings: one verifier worker).
 MATH_STAGE = (*LEARNABLE, "data.env=math", "++env_config.math.workers=1", "rollout.num_rollout=1",
               "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=16",
@@ -97,7 +99,7 @@ def test_sft_lowers_the_nll_of_demo_trajectories_full_and_lora(chat, tiny_model_
     env = MathEnvironment({"workers": 1})
     examples, _ = _replay(env, chat, env.demo_records(32, seed=0), math_demo_turns)
     assert len(examples) == 32
-    settings = SftSettings(steps=20, batch_size=8, lr=3e-3)
+    settings = SftSettings(steps=20, batch_size=8, lr=3e-3, **SFT)
     backbone, report = warm_start(tiny_model_dir, examples, settings, tmp_path / "warm", seed=0)
     assert report["nll_after"] < 0.7 * report["nll_before"]
     reloaded = AutoModelForCausalLM.from_pretrained(backbone)  # the saved backbone is the trained one
@@ -109,12 +111,12 @@ def test_sft_lowers_the_nll_of_demo_trajectories_full_and_lora(chat, tiny_model_
         LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "lm_head"]),
     )
     frozen = {n: p.detach().clone() for n, p in lora.named_parameters() if not p.requires_grad}
-    lora_report = train_sft(lora, examples, SftSettings(steps=10, batch_size=8, lr=1e-2), pad_id=0)
+    lora_report = train_sft(lora, examples, SftSettings(steps=10, batch_size=8, lr=1e-2, **SFT), pad_id=0)
     assert lora_report["nll_after"] < lora_report["nll_before"]
     assert all(torch.equal(p, frozen[n]) for n, p in lora.named_parameters() if not p.requires_grad)
     # The report's NLLs are measured on the first nll_examples examples (all of them here, 32 of the default 512).
     assert report["nll_examples"] == 32
-    capped = train_sft(reloaded, examples, SftSettings(steps=1, batch_size=8, lr=1e-9, nll_examples=4), pad_id=0)
+    capped = train_sft(reloaded, examples, SftSettings(steps=1, batch_size=8, lr=1e-9, nll_examples=4, **SFT), pad_id=0)
     assert capped["nll_examples"] == 4
     assert capped["nll_after"] == pytest.approx(mean_nll(reloaded, examples[:4], pad_id=0), rel=1e-4)
 
@@ -145,7 +147,7 @@ def test_sft_data_and_settings_errors():
     with pytest.raises(SftError, match="length"):
         SftExample(tokens=[1, 2], loss_mask=[0])
     with pytest.raises(SftError, match="steps"):
-        SftSettings(steps=0)
+        SftSettings(steps=0, batch_size=16, lr=1e-3, **SFT)
     with pytest.raises(DemoError, match="cannot load"):
         load_demo_turns("aclarena_envs.math.data.no_such_function")
     with pytest.raises(DemoError, match="dotted path"):

@@ -29,6 +29,9 @@ from aclarena_slime.testing.local import LEARNABLE, local_session
 
 MATH_DEMOS = "aclarena_envs.math.data.demo_turns"
 
+# The SFT settings these tests do not vary: a micro-batch of 16, the low-variance KL estimate.
+SFT = {"micro_batch_size": 16, "kl_loss_type": "low_var_kl"}
+
 
 @pytest.fixture(scope="module")
 def math_examples(tiny_model_dir):
@@ -76,7 +79,7 @@ def test_the_anchor_asks_its_frozen_reference_once_per_example_with_the_same_kl(
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     reference = _Counted(frozen_copy(model))
-    report = train_sft(model, math_examples, SftSettings(steps=16, batch_size=8, lr=3e-3, kl_coef=1.0), 0, 0,
+    report = train_sft(model, math_examples, SftSettings(steps=16, batch_size=8, lr=3e-3, kl_coef=1.0, **SFT), 0, 0,
                        reference)  # fmt: skip
     distinct = len({tuple(e.tokens) for e in math_examples})
     assert reference.sequences == distinct  # before: 16 x 8 for the steps and 16 more for kl_after
@@ -90,10 +93,10 @@ def test_the_anchor_asks_its_frozen_reference_once_per_example_with_the_same_kl(
 
 
 def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_model_dir, math_examples):
-    plain_settings = SftSettings(steps=8, batch_size=8, lr=3e-3)
+    plain_settings = SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=0.0, **SFT)
     plain, start, plain_report = _trained(tiny_model_dir, math_examples, plain_settings)
     anchored, _, report = _trained(
-        tiny_model_dir, math_examples, SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=1.0)
+        tiny_model_dir, math_examples, SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=1.0, **SFT)
     )
     plain_kl = mean_kl(plain, start, math_examples, pad_id=0)
     assert 0 < report["kl_after"] < plain_kl  # same data, seed and schedule: the anchor held the policy nearer
@@ -109,9 +112,9 @@ def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_mode
     again, _, _ = _trained(tiny_model_dir, math_examples, plain_settings, with_reference=False)
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), plain.parameters(), strict=True))
     with pytest.raises(SftError, match="reference"):
-        train_sft(plain, math_examples, SftSettings(steps=1, kl_coef=0.1), pad_id=0)
+        train_sft(plain, math_examples, SftSettings(steps=1, batch_size=16, lr=1e-3, kl_coef=0.1, **SFT), pad_id=0)
     with pytest.raises(SftError, match="kl_loss_type"):
-        SftSettings(kl_coef=0.1, kl_loss_type="k4")
+        SftSettings(steps=100, batch_size=16, lr=1e-3, micro_batch_size=16, kl_coef=0.1, kl_loss_type="k4")
 
 
 IFEVAL_STAGE = (
