@@ -7,38 +7,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
-from aclarena_slime.local.group_filter import GroupFilter, PromptStream, SampledStep, sample_groups
+from aclarena_slime.local.group_filter import PromptStream, SampledStep, sample_groups
+from aclarena_slime.local.parts import Sampling, StepSampling
 from aclarena_slime.local.records import Sample, StageRecords, new_sample
 from aclarena_slime.local.trainer import TrainSample
 from aclarena_slime.rollout import RolloutContext, run_sample, score_sample
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a set of rollouts is drawn: ``samples`` a prompt at ``temperature`` / ``top_p``, ``max_new_tokens``
-    each, sample ``j`` of prompt ``i`` seeded from ``seed`` and its number."""
-
-    samples: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class StepSampling:
-    """A GRPO step's groups: ``prompts_per_step`` groups of ``groups``' rollouts, or with the recipe's dynamic
-    sampling the first that many ``group_filter`` keeps, over at most ``max_rounds`` rounds of
-    ``prompts_per_round`` prompts (:mod:`~aclarena_slime.local.group_filter`)."""
-
-    groups: Sampling
-    prompts_per_step: int
-    prompts_per_round: int
-    group_filter: GroupFilter | None
-    max_rounds: int
 
 
 async def rollout_step(

@@ -17,13 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.local.config import EngineSettings, LocalConfigError, adapter_backbone
-from aclarena_slime.local.losses import LossSettings
+from aclarena_slime.local.parts import LossSettings, Sampling, SftSettings, StepSampling, TrainSettings
 from aclarena_slime.local.records import RecordSettings
-from aclarena_slime.local.rollouts import Sampling, StepSampling
-from aclarena_slime.local.sft import SftSettings
 from aclarena_slime.local.spec import check_honoured, check_known, steps_per_rollout
 from aclarena_slime.local.tiny_model import TinyShape
-from aclarena_slime.local.trainer import TrainSettings
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.rollout import Budgets, response_budget_mode
