@@ -29,9 +29,9 @@ def stage(out: Path, steps: int, threads: int, kl: bool) -> dict[str, Any]:
     session = local_session(
         out, *LEARNABLE, f"rollout.num_rollout={steps}", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=8",
         "rollout.rollout_max_response_len=8", "++cluster.local.eval_size=0", "algorithm.lr=5e-2",
-        f"++cluster.local.torch_threads={threads}", "++cluster.local.progress=false", "monitor.enabled=true",
-        "monitor.domains=[mock]", "monitor.interval=1", "monitor.demo_size=8", "monitor.max_response_len=8",
-        "monitor.max_drop=100.0", f"monitor.kl={str(kl).lower()}",
+        f"++cluster.local.torch_threads={threads}", "++cluster.local.progress=false", "++monitor.enabled=true",
+        "++monitor.domains=[mock]", "++monitor.interval=1", "++monitor.demo_size=8", "++monitor.max_response_len=8",
+        "++monitor.max_drop=100.0", f"++monitor.kl={str(kl).lower()}",
     )  # fmt: skip
     started, cpu = time.monotonic(), time.process_time()
     metrics = run_stage(session)

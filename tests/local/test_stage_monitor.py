@@ -39,9 +39,9 @@ def stage(tmp_path, lr: float, *monitor: str) -> LocalSession:
         "rollout.rollout_max_response_len=8", "++cluster.local.eval_size=0", f"algorithm.lr={lr}",
         "++cluster.local.torch_threads=1", "++cluster.local.progress=false",
         "++algorithm.extra.calculate_per_token_loss=true", "lora.rank=8",
-        "lora.target_modules=[q_proj,v_proj,o_proj,up_proj,down_proj,lm_head]", "monitor.enabled=true",
-        "monitor.domains=[nodigits]", "monitor.interval=2", "monitor.demo_size=8", "monitor.max_response_len=8",
-        "monitor.max_drop=10.0", *(f"monitor.{item}" for item in monitor),
+        "lora.target_modules=[q_proj,v_proj,o_proj,up_proj,down_proj,lm_head]", "++monitor.enabled=true",
+        "++monitor.domains=[nodigits]", "++monitor.interval=2", "++monitor.demo_size=8", "++monitor.max_response_len=8",
+        "++monitor.max_drop=10.0", *(f"++monitor.{item}" for item in monitor),
     )  # fmt: skip
 
 
