@@ -321,11 +321,10 @@ def how_evaluated(metrics: dict[str, Any]) -> str:
     """A line saying how the held-out reward was measured, with the greedy one beside a sampled evaluation: the
     two can tell different stories (RL sharpens samples towards what greedy decoding already answers)."""
     after, greedy = metrics.get("eval_after") or {}, metrics.get("eval_greedy") or {}
-    config = metrics.get("config") or {}
     if "samples_per_prompt" not in after or not greedy:
         return ""
     line = (f"\nheld-out prompts: {after['prompts']}, {after['samples_per_prompt']} sample(s) each at temperature "
-            f"{config.get('eval_temperature', 0.0):g}, top-p {config.get('eval_top_p', 1.0):g}")  # fmt: skip
+            f"{after.get('temperature', 0.0):g}, top-p {after.get('top_p', 1.0):g}")  # fmt: skip
     values = [(greedy.get(k) or {}).get("mean_reward") for k in ("before", "after")]
     if None not in values:
         line += f" (greedy: warm start {values[0]:.3f} -> trained {values[1]:.3f})"

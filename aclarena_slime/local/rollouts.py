@@ -61,19 +61,16 @@ async def evaluate(
     ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same whatever
     the policy, so two evaluations of one stage differ by the policy, not by the draw."""
     k = 1 if greedy else sampling.samples
+    how = {"temperature": 0.0 if greedy else sampling.temperature, "top_p": 1.0 if greedy else sampling.top_p}
     if not records:
-        return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k}
+        return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k, **how}
     samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
-    params = {
-        "temperature": 0.0 if greedy else sampling.temperature,
-        "top_p": 1.0 if greedy else sampling.top_p,
-        "max_new_tokens": sampling.max_new_tokens,
-    }
+    params = {**how, "max_new_tokens": sampling.max_new_tokens}
     await _gather(context, samples, params, sampling.seed, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable), "prompts": len(records),
-            "samples_per_prompt": k}  # fmt: skip
+            "samples_per_prompt": k, **how}  # fmt: skip  (how it was measured: the stage line says it)
 
 
 def in_stage(records: StageRecords, stage_eval: bool) -> list[dict[str, Any]]:

@@ -101,7 +101,8 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
     assert Path(first["checkpoint"], "config.json").exists() and first["adapter"] is None
     metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
-    assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
+    replay = metrics["config"]["custom"]["aclarena_replay"]  # the recipe's section, as the stage ran it
+    assert list(replay["data"]) == ["math"] and replay["current"] == "ifeval"
     assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
     assert second["cost"]["trainer_steps"] == 2 and second["cost"]["rollout_tokens"] > 0 and second["cost"]["counted"]
 
@@ -184,7 +185,8 @@ def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path):
     first, second = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
     assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
     metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
-    assert metrics["config"]["kl_coef"] == 0.2 and metrics["config"]["backbone"] == first["checkpoint"]
+    algorithm, local = metrics["config"]["algorithm"], metrics["config"]["local"]
+    assert algorithm["use_kl_loss"] and algorithm["kl_loss_coef"] == 0.2 and local["backbone"] == first["checkpoint"]
     assert all("kl" in step for step in metrics["steps"] if not step.get("skipped"))  # the KL term ran
 
 

@@ -247,6 +247,7 @@ def test_a_sampled_evaluation_gives_each_sample_of_a_prompt_its_own_seed(tmp_pat
     (pairs, params, seed), (greedy_pairs, greedy_params, _) = asked
     assert pairs == [(i, 4 * i + j) for i in range(3) for j in range(4)]  # index -> sampling seed: 12 distinct
     assert (params["temperature"], params["top_p"]) == (0.7, 0.9)
-    assert sampled == {"n": 12, "mean_reward": 0.5, "excluded": 0, "prompts": 3, "samples_per_prompt": 4}
+    assert sampled == {"n": 12, "mean_reward": 0.5, "excluded": 0, "prompts": 3, "samples_per_prompt": 4,
+                       "temperature": 0.7, "top_p": 0.9}  # how it was measured
     assert greedy_pairs == [(0, 0), (1, 1), (2, 2)] and (greedy_params["temperature"], greedy_params["top_p"]) == (0, 1)
     assert (greedy["n"], greedy["mean_reward"]) == (3, 1 / 3)

@@ -239,10 +239,10 @@ def test_a_sampled_local_evaluation_is_named_before_the_held_out_line(tmp_path: 
     from aclarena_slime.launcher.stage import StageResult, finished_text
 
     def reward(value: float, k: int) -> dict:
-        return {"n": 4 * k, "mean_reward": value, "excluded": 0, "prompts": 4, "samples_per_prompt": k}
+        how = {"temperature": 1.0, "top_p": 0.7} if k > 1 else {"temperature": 0.0, "top_p": 1.0}
+        return {"n": 4 * k, "mean_reward": value, "excluded": 0, "prompts": 4, "samples_per_prompt": k, **how}
 
     metrics = {
-        "config": {"eval_temperature": 1.0, "eval_top_p": 0.7},
         "eval_before": reward(0.0, 8), "eval_warm_start": reward(0.25, 8), "eval_after": reward(0.5, 8),
         "eval_greedy": {"before": reward(0.25, 1), "after": reward(0.75, 1)},
     }  # fmt: skip
