@@ -34,7 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aclarena_slime.local.spec import local_config
+from aclarena_slime.local.session import open_session
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.recipes.compose import load_recipe
 from aclarena_slime.worker_pool import worker_pool
@@ -60,7 +60,7 @@ def run_one(env: str, seed: int, out: Path, overrides: list[str]) -> dict[str, A
          "cluster.local.validation_eval=true", *overrides],  # fmt: skip
     )
     wall, cpu = time.perf_counter(), cpu_seconds()
-    metrics = run_stage(local_config(recipe))
+    metrics = run_stage(open_session(recipe))
     wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     rewards = [step["reward_mean"] for step in metrics["steps"]]
     greedy = metrics.get("eval_greedy") or {}

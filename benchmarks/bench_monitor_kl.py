@@ -20,20 +20,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.plugin import registry
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 
 def stage(out: Path, steps: int, threads: int, kl: bool) -> dict[str, Any]:
-    cfg = LocalStageConfig(
-        env="learnable", output_dir=str(out), steps=steps, prompts_per_step=4, samples_per_prompt=8,
-        max_response_len=8, eval_size=0, lr=5e-2, torch_threads=threads, progress=False,
-        monitor={"enabled": True, "domains": ["mock"], "interval": 1, "demo_size": 8, "max_response_len": 8,
-                 "max_drop": 100.0, "kl": kl},
+    session = local_session(
+        out, *LEARNABLE, f"rollout.num_rollout={steps}", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=8", "++cluster.local.eval_size=0", "algorithm.lr=5e-2",
+        f"++cluster.local.torch_threads={threads}", "++cluster.local.progress=false", "++monitor.enabled=true",
+        "++monitor.domains=[mock]", "++monitor.interval=1", "++monitor.demo_size=8", "++monitor.max_response_len=8",
+        "++monitor.max_drop=100.0", f"++monitor.kl={str(kl).lower()}",
     )  # fmt: skip
     started, cpu = time.monotonic(), time.process_time()
-    metrics = run_stage(cfg)
+    metrics = run_stage(session)
     return {**metrics["monitor"], "wall": time.monotonic() - started, "cpu": time.process_time() - cpu}
 
 

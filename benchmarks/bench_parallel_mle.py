@@ -34,10 +34,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.parallel_mle import open_experts, run_parallel_mle
-from aclarena_slime.local.session import open_session
-from aclarena_slime.local.spec import expert_sessions, local_config
+from aclarena_slime.local.run import expert_sessions
+from aclarena_slime.local.session import LocalSession, open_session
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.recipes.compose import load_recipe
 
@@ -65,39 +64,40 @@ def backbone_bytes(model_dir: Path) -> int:
 
 
 def local_rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
-    overrides = ["cluster=local", f"paths.root={Path(args.out).resolve()}", f"lora.experts=[{','.join(args.envs)}]"]
+    overrides = ["cluster=local", f"paths.root={Path(args.out).resolve()}", f"lora.experts=[{','.join(args.envs)}]",
+                 "++cluster.local.progress=false"]  # fmt: skip
     if args.retail_data:
         overrides.append(f"env_config.retail.data_dir={args.retail_data}")
-    recipe = load_recipe(REPO / "recipes" / "mle_parallel.yaml", [*overrides, *args.overrides])
-    base = local_config(recipe)
-    # each expert's settings, to train it alone as a stage (run_stage) and side by side (its session)
-    cfgs = [LocalStageConfig.from_mapping(s.settings) for s in expert_sessions(recipe, open_session(base))]
+
+    def experts(*more: str) -> list[LocalSession]:
+        """Each expert's session, to train it alone as a stage (run_stage) and side by side."""
+        recipe = load_recipe(REPO / "recipes" / "mle_parallel.yaml", [*overrides, *args.overrides, *more])
+        return expert_sessions(open_session(recipe), recipe.env_config)
+
+    sessions = experts()
     out = Path(args.out)
     shutil.rmtree(out / "sequential", ignore_errors=True)
     alone: dict[str, dict] = {}
     rows = []
     # Warm-up, untimed: the first run in a process pays the imports (transformers, PEFT, the envs' scorers).
-    run_parallel_mle(open_experts([open_session(dataclasses.replace(c, progress=False, steps=1)) for c in cfgs]),
-                     out / "warm_up")  # fmt: skip
+    run_parallel_mle(open_experts(experts("rollout.num_rollout=1")), out / "warm_up")
     wall, cpu = time.monotonic(), cpu_seconds()
-    for cfg in cfgs:
-        alone[cfg.env] = run_stage(
-            dataclasses.replace(cfg, output_dir=str(out / "sequential" / cfg.env), progress=False)
-        )
+    for s in sessions:
+        alone[s.env] = run_stage(dataclasses.replace(s, paths=dataclasses.replace(s.paths,
+                                                                                  output_dir=out / "sequential" / s.env)))
     seq = (time.monotonic() - wall, cpu_seconds() - cpu)
     wall, cpu = time.monotonic(), cpu_seconds()
-    metrics = run_parallel_mle(open_experts([open_session(dataclasses.replace(c, progress=False)) for c in cfgs]),
-                               out / "parallel")  # fmt: skip
+    metrics = run_parallel_mle(open_experts(sessions), out / "parallel")
     par = (time.monotonic() - wall, cpu_seconds() - cpu)
     size = backbone_bytes(Path(metrics["model_dir"]))
-    n = len(cfgs)
+    n = len(sessions)
     # Each job holds two copies: the trainer's model and the engine's (as slime's actor and SGLang do).
     rows.append(("one after another", str(n), f"{seq[0]:.1f}", f"{seq[1]:.1f}", f"2 x {size:,}", f"{2 * n * size:,}"))
     rows.append(("side by side", "1", f"{par[0]:.1f}", f"{par[1]:.1f}", f"2 x {size:,}", f"{2 * size:,}"))
-    for cfg in cfgs:  # the same training both ways: each expert's step rewards and held-out reward
-        mine, theirs = metrics["experts"][cfg.env], alone[cfg.env]
+    for s in sessions:  # the same training both ways: each expert's step rewards and held-out reward
+        mine, theirs = metrics["experts"][s.env], alone[s.env]
         same = [s["reward_mean"] for s in mine["steps"]] == [s["reward_mean"] for s in theirs["steps"]]
-        print(f"{cfg.env}: step rewards equal both ways: {same}; held-out after: "
+        print(f"{s.env}: step rewards equal both ways: {same}; held-out after: "
               f"{theirs['eval_after']['mean_reward']} alone, {mine['eval_after']['mean_reward']} side by side")  # fmt: skip
     return rows
 

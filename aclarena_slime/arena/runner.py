@@ -17,8 +17,8 @@ asked of weights already evaluated, MLE's frozen backbone or an unchanged expert
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +34,7 @@ from aclarena_slime.curriculum.runner import Evaluator, run_curriculum
 from aclarena_slime.evaluation.suite import EvalDataset, EvalSuite
 from aclarena_slime.jsonl import write_json_atomic
 from aclarena_slime.launcher.stage import local_profile
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.session import LocalSession, open_session
-from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 ARENA_FILE = "arena.json"
@@ -108,16 +106,16 @@ def stage_overrides(config: ArenaConfig) -> list[str]:
     return ["cluster=local", *data, *config.overrides, f"++cluster.local.seed={config.seed}"]
 
 
-def domain_configs(config: ArenaConfig) -> list[LocalStageConfig]:
-    """Each stage's local settings as its recipe compiles (its env, env settings and budgets)."""
+def domain_sessions(config: ArenaConfig, *extra: str) -> list[LocalSession]:
+    """Each stage's local session as its recipe composes (its env, env settings and budgets); ``extra``: further
+    overrides of every stage's recipe (the base's warm start)."""
     out = []
     for stage in config.stages:
-        overrides = [*stage_overrides(config), *stage.overrides, f"paths.runs={seed_dir(config) / 'probe'}"]
-        recipe = load_recipe(stage.recipe, overrides, local_profile(overrides, always=True))
-        cfg = local_config(recipe)
-        if cfg.env != stage.name:
-            raise RecipeError(f"arena stage {stage.name!r} trains env {cfg.env!r}: name each stage by its env tag")
-        out.append(cfg)
+        overrides = [*stage_overrides(config), *stage.overrides, f"paths.runs={seed_dir(config) / 'probe'}", *extra]
+        session = open_session(load_recipe(stage.recipe, overrides, local_profile(overrides, always=True)))
+        if session.env != stage.name:
+            raise RecipeError(f"arena stage {stage.name!r} trains env {session.env!r}: name each stage by its env tag")
+        out.append(session)
     return out
 
 
@@ -180,12 +178,14 @@ def run_arena(
     if unknown:
         raise RecipeError(f"{file}: no method {unknown}; known: {sorted(config.methods)}")
     out = seed_dir(config)
-    configs = domain_configs(config)
-    # the base's warm start: each domain with gold demos, at the base's steps and records and the arena's seed
-    warm = {"seed": config.seed, "warm_start_steps": config.base.steps, "warm_start_records": config.base.records}
-    demos = [open_session(dataclasses.replace(c, **warm)) for c in configs if c.warm_start_demos]
-    base = build_base(demos, config.base, out / "base", config.seed)
-    suite = held_out_suite([open_session(c) for c in configs])
+    suite = held_out_suite(domain_sessions(config))
+    # the base's warm start: each domain with gold demos, at the base's steps and records (and the arena's seed, as
+    # every stage); a domain without gold demos has none (the stages' own warnings were said above)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warm = domain_sessions(config, f"++cluster.local.warm_start_steps={config.base.steps}",
+                               f"++cluster.local.warm_start_records={config.base.records}")  # fmt: skip
+    base = build_base([s for s in warm if s.warm_start is not None], config.base, out / "base", config.seed)
     base_eval = out / "base" / "eval"
     if not (base_eval / "summary.json").is_file():
         asyncio.run(evaluate_policy(suite, base, None, base_eval, "base", config.seed, out / EVAL_MEMO))

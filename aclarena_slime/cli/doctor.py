@@ -64,11 +64,10 @@ def local_parity_check(recipe: StageRecipe) -> Check:
     from aclarena_slime.launcher.preflight import Check
     from aclarena_slime.local.parity_probe import run_probe
     from aclarena_slime.local.session import open_session
-    from aclarena_slime.local.spec import local_config
     from aclarena_slime.recipes.compose import RecipeError
 
     try:
-        report = run_probe(open_session(local_config(recipe)))
+        report = run_probe(open_session(recipe))
     except RecipeError as exc:
         return Check("log-prob parity", "fail", f"the local backend cannot run this recipe: {exc}", "fix the recipe")
     fix = "the engine does not serve what the trainer holds: check the adapter, template and temperature"

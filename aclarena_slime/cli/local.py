@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_stage_command(args: argparse.Namespace) -> int:
     from aclarena_slime.launcher.stage import local_profile, normalise_overrides
     from aclarena_slime.local.records import RecordError
-    from aclarena_slime.local.spec import run_local
+    from aclarena_slime.local.run import run_local
     from aclarena_slime.local.stage import LocalStageError
     from aclarena_slime.plugin.registry import PluginLoadError, UnknownEnvironment
     from aclarena_slime.recipes.compose import RecipeError, load_recipe

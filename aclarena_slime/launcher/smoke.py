@@ -38,15 +38,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.launcher.services import ServiceWatch, start_service, stop_service
 from aclarena_slime.launcher.stage import normalise_overrides
 from aclarena_slime.recipes.compiler import SlimeCommand, compile_recipe
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.schema import ServiceConfig, StageRecipe
+
+if TYPE_CHECKING:
+    from aclarena_slime.local.session import LocalSession
 
 ROLLOUTS, PROMPTS, SAMPLES, EVAL_PROMPTS = 2, 2, 2, 2
 MAX_RESPONSE_LEN = 48
@@ -461,9 +464,9 @@ def run_smoke(settings: SmokeSettings) -> int:
             f"{env['PYTHONPATH']!r}; set paths.megatron=MEGATRON_LM_CHECKOUT"
         )
     script = train_script(recipe)
-    local = _local_settings(settings)
+    local = _local_session(settings)
     model_dir = _model(local, work)
-    data = _data(settings, recipe, local, work)
+    data = _data(settings, recipe, local.records.env_config, work)
     python = sys.executable
     rng = random.Random()
     dump = work / "dumps"
@@ -573,25 +576,28 @@ def _leftovers(started: list[Any]) -> list[int]:
     return out
 
 
-def _local_settings(settings: SmokeSettings) -> dict[str, Any]:
+def _local_session(settings: SmokeSettings) -> LocalSession:
     """The recipe's local profile (model, env config for demo records): what the local backend would use."""
-    from aclarena_slime.local.spec import local_settings
+    from aclarena_slime.local.session import open_session
 
     overrides = [o for o in settings.overrides if not o.startswith("cluster=")]
-    return local_settings(load_recipe(settings.recipe, ["cluster=local", *overrides]))
+    return open_session(load_recipe(settings.recipe, ["cluster=local", *overrides]))
 
 
-def _model(local: dict[str, Any], work: Path) -> Path:
+def _model(local: LocalSession, work: Path) -> Path:
     from aclarena_slime.local.stage import LocalStageError, prepare_model
 
     try:
-        return prepare_model(str(local.get("model", "tiny")), work, int(local.get("seed", 0)))
+        return prepare_model(local.model.source, work, local.seed)
     except LocalStageError as exc:
         raise SmokeError(str(exc)) from exc
 
 
-def _data(settings: SmokeSettings, recipe: StageRecipe, local: dict[str, Any], work: Path) -> tuple[Path, Path | None]:
-    """The user's JSONL, or the env's demo records written as slime JSONL (prompt, label, metadata)."""
+def _data(
+    settings: SmokeSettings, recipe: StageRecipe, env_config: Mapping[str, Any], work: Path
+) -> tuple[Path, Path | None]:
+    """The user's JSONL, or the env's demo records (the env built with ``env_config``, the local backend's settings
+    of it) written as slime JSONL (prompt, label, metadata)."""
     if settings.data is not None:
         train, evaluation = settings.data
         return Path(train).resolve(), Path(evaluation).resolve() if evaluation else None
@@ -600,7 +606,7 @@ def _data(settings: SmokeSettings, recipe: StageRecipe, local: dict[str, Any], w
     from aclarena_slime.local.records import RecordError, demo_records
     from aclarena_slime.plugin.registry import get_environment
 
-    env = get_environment(recipe.data.env, dict(local.get("env_config") or {}))
+    env = get_environment(recipe.data.env, dict(env_config))
     try:
         train = demo_records(env, PROMPTS * ROLLOUTS, seed=0)
         evaluation = demo_records(env, EVAL_PROMPTS, HELD_OUT_SEED)  # the prompts every evaluation holds out

@@ -82,11 +82,11 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
     """What will run: the local plan (the stage's resolved settings) or the exact slime command."""
     lines = [f"# recipe {recipe.name}: {recipe.notes}".rstrip(": "), f"# backend here: {choice.name} ({choice.reason})"]
     if local_recipe is not None:
+        from aclarena_slime.local.run import local_plan
         from aclarena_slime.local.session import open_session
-        from aclarena_slime.local.spec import local_config, local_plan
 
         try:
-            lines.append(local_plan(open_session(local_config(local_recipe))))
+            lines.append(local_plan(open_session(local_recipe)))
             return "\n".join(lines)
         except RecipeError as exc:  # say why, then show what the slime backend would run
             lines.append(f"# the local backend cannot run this stage: {exc}; on the slime backend:")
@@ -117,7 +117,7 @@ def dry_run_text(recipe: StageRecipe, choice: BackendChoice, local_recipe: Stage
 def run_recipe(recipe: StageRecipe, choice: BackendChoice) -> StageResult:
     """Run one composed stage on the chosen backend (no dry run)."""
     if choice.name == "local":
-        from aclarena_slime.local.spec import run_local
+        from aclarena_slime.local.run import run_local
 
         out = run_local(recipe)
         if out["full"]:  # a fully fine-tuned model: the next stage loads it as its checkpoint
@@ -321,11 +321,10 @@ def how_evaluated(metrics: dict[str, Any]) -> str:
     """A line saying how the held-out reward was measured, with the greedy one beside a sampled evaluation: the
     two can tell different stories (RL sharpens samples towards what greedy decoding already answers)."""
     after, greedy = metrics.get("eval_after") or {}, metrics.get("eval_greedy") or {}
-    config = metrics.get("config") or {}
     if "samples_per_prompt" not in after or not greedy:
         return ""
     line = (f"\nheld-out prompts: {after['prompts']}, {after['samples_per_prompt']} sample(s) each at temperature "
-            f"{config.get('eval_temperature', 0.0):g}, top-p {config.get('eval_top_p', 1.0):g}")  # fmt: skip
+            f"{after.get('temperature', 0.0):g}, top-p {after.get('top_p', 1.0):g}")  # fmt: skip
     values = [(greedy.get(k) or {}).get("mean_reward") for k in ("before", "after")]
     if None not in values:
         line += f" (greedy: warm start {values[0]:.3f} -> trained {values[1]:.3f})"

@@ -112,7 +112,7 @@ async def sample_groups(
     """Rounds of ``per_round`` prompts from ``stream`` (``roll`` rolls them out: one group per prompt, in order)
     until ``batch`` groups are kept or ``max_rounds`` rounds are spent (one round without a filter). The filter
     judges groups in prompt order; those past a full batch are not judged and not kept (slime aborts them).
-    ``per_round`` is at least ``batch`` (``LocalStageConfig`` checks it, as slime does)."""
+    ``per_round`` is at least ``batch`` (the stage's builder checks it, as slime does)."""
     step = SampledStep(kept=[], rolled_out=[], rounds=0, drops={})
     while len(step.kept) < batch and step.rounds < (max_rounds if group_filter else 1):
         groups = await roll(stream.take(per_round))

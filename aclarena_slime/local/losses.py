@@ -27,31 +27,8 @@ from types import SimpleNamespace
 import torch
 
 from aclarena_slime.group_rewards import GroupNormalization, normalized_rewards
-from aclarena_slime.kl import KL_TYPES, approx_kl
-
-ESTIMATORS = ("grpo", "gspo")  # slime's advantage estimators the local trainer runs
-
-
-@dataclass(frozen=True, kw_only=True)
-class LossSettings:
-    """The recipe's loss: ``algorithm.advantage_estimator``, ``algorithm.extra.calculate_per_token_loss``, the
-    clip range (``eps_clip``, ``eps_clip_high``) and the KL term (``kl_loss_coef`` with ``use_kl_loss``,
-    ``kl_loss_type``)."""
-
-    estimator: str
-    per_token: bool
-    clip_low: float
-    clip_high: float
-    kl_coef: float
-    kl_loss_type: str
-
-    def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"advantage_estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
-        if self.kl_loss_type not in KL_TYPES:
-            raise ValueError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+from aclarena_slime.kl import approx_kl
+from aclarena_slime.local.parts import LossSettings
 
 
 @dataclass(frozen=True)

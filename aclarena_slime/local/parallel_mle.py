@@ -141,7 +141,7 @@ class MultiExpertTrainer:
 
 
 def open_experts(sessions: Sequence[LocalSession]) -> list[LocalSession]:
-    """The experts' sessions (:func:`~aclarena_slime.local.spec.expert_sessions`), checked: expert settings that
+    """The experts' sessions (:func:`~aclarena_slime.local.run.expert_sessions`), checked: expert settings that
     cannot share one backbone and one engine are refused, naming them."""
     if not sessions:
         raise LocalConfigError("parallel MLE needs at least one expert")

@@ -46,14 +46,15 @@ def probe_session(session: LocalSession, scratch: Path) -> LocalSession:
     :data:`TOKENS` tokens, no warm start, its outputs in ``scratch``; every other part the stage's own (its
     training records drawn as the stage would draw them for a step of that many prompts)."""
     loop, records, settings = session.loop, session.records, session.settings
-    over_sampling = settings.get("over_sampling_prompts")  # a round's prompts: this, else a step's
+    over_sampling = settings["rollout"]["over_sampling_batch_size"]  # a round's prompts: this, else a step's
     groups = dataclasses.replace(loop.sampling.groups, samples=SAMPLES, max_new_tokens=TOKENS)
     sampling = dataclasses.replace(loop.sampling, groups=groups, prompts_per_step=PROMPTS,
                                    prompts_per_round=over_sampling or PROMPTS)  # fmt: skip
-    evaluation = dataclasses.replace(loop.evaluation, max_new_tokens=settings.get("eval_max_response_len") or TOKENS)
+    evaluation = dataclasses.replace(loop.evaluation, max_new_tokens=settings["data"]["eval_max_response_len"] or TOKENS)
     budgets = dataclasses.replace(session.engine.budgets, max_response_len=TOKENS)
-    sizes = {"prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_response_len": TOKENS,
-             "warm_start_steps": 0, "output_dir": str(scratch)}  # fmt: skip
+    sizes = {"rollout": {**settings["rollout"], "rollout_batch_size": PROMPTS, "n_samples_per_prompt": SAMPLES,
+                         "rollout_max_response_len": TOKENS},
+             "local": {**settings["local"], "warm_start_steps": 0}, "output_dir": str(scratch)}  # fmt: skip
     return dataclasses.replace(
         session,
         paths=dataclasses.replace(session.paths, output_dir=scratch),

@@ -7,38 +7,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
-from aclarena_slime.local.group_filter import GroupFilter, PromptStream, SampledStep, sample_groups
+from aclarena_slime.local.group_filter import PromptStream, SampledStep, sample_groups
+from aclarena_slime.local.parts import Sampling, StepSampling
 from aclarena_slime.local.records import Sample, StageRecords, new_sample
 from aclarena_slime.local.trainer import TrainSample
 from aclarena_slime.rollout import RolloutContext, run_sample, score_sample
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a set of rollouts is drawn: ``samples`` a prompt at ``temperature`` / ``top_p``, ``max_new_tokens``
-    each, sample ``j`` of prompt ``i`` seeded from ``seed`` and its number."""
-
-    samples: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class StepSampling:
-    """A GRPO step's groups: ``prompts_per_step`` groups of ``groups``' rollouts, or with the recipe's dynamic
-    sampling the first that many ``group_filter`` keeps, over at most ``max_rounds`` rounds of
-    ``prompts_per_round`` prompts (:mod:`~aclarena_slime.local.group_filter`)."""
-
-    groups: Sampling
-    prompts_per_step: int
-    prompts_per_round: int
-    group_filter: GroupFilter | None
-    max_rounds: int
 
 
 async def rollout_step(
@@ -86,19 +61,16 @@ async def evaluate(
     ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same whatever
     the policy, so two evaluations of one stage differ by the policy, not by the draw."""
     k = 1 if greedy else sampling.samples
+    how = {"temperature": 0.0 if greedy else sampling.temperature, "top_p": 1.0 if greedy else sampling.top_p}
     if not records:
-        return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k}
+        return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k, **how}
     samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
-    params = {
-        "temperature": 0.0 if greedy else sampling.temperature,
-        "top_p": 1.0 if greedy else sampling.top_p,
-        "max_new_tokens": sampling.max_new_tokens,
-    }
+    params = {**how, "max_new_tokens": sampling.max_new_tokens}
     await _gather(context, samples, params, sampling.seed, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable), "prompts": len(records),
-            "samples_per_prompt": k}  # fmt: skip
+            "samples_per_prompt": k, **how}  # fmt: skip  (how it was measured: the stage line says it)
 
 
 def in_stage(records: StageRecords, stage_eval: bool) -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ acting on a stage's warm start) the loss adds ``kl_coef`` times the token-mean K
 API::
 
     examples = [SftExample(tokens=[...], loss_mask=[0, 0, 1, 1, ...]), ...]
-    report = train_sft(model, examples, SftSettings(steps=200, lr=1e-3), pad_id=0, seed=0)
+    settings = SftSettings(steps=200, batch_size=16, lr=1e-3, micro_batch_size=16, kl_coef=0.0, kl_loss_type="low_var_kl")
+    report = train_sft(model, examples, settings, pad_id=0, seed=0)
     backbone_dir, report = warm_start(model_dir, examples, settings, out_dir)   # full fine-tune, saved
 """
 
@@ -33,11 +34,7 @@ from typing import Any
 import torch
 
 from aclarena_slime.kl import approx_kl
-from aclarena_slime.local.config import KL_TYPES
-
-
-class SftError(ValueError):
-    """SFT data or settings that cannot work; the message says which."""
+from aclarena_slime.local.parts import SftError, SftSettings
 
 
 @dataclass(frozen=True)
@@ -61,35 +58,6 @@ class SftExample:
     @property
     def trained_tokens(self) -> int:
         return sum(self.loss_mask)
-
-
-@dataclass(frozen=True)
-class SftSettings:
-    """``steps`` optimiser steps of ``batch_size`` examples each (seeded epochs over the examples)."""
-
-    steps: int = 100
-    batch_size: int = 16
-    lr: float = 1e-3
-    micro_batch_size: int = 16
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    kl_coef: float = 0.0  # > 0: the KL term to the reference policy (the stage's start), as in GRPO
-    kl_loss_type: str = "low_var_kl"
-    # The report's NLL before and after SFT is measured on the first this many examples: enough to say whether SFT
-    # fitted them; all of the search warm start's 2048 took 16 s of the main command, twice a forward over them.
-    nll_examples: int = 512
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "micro_batch_size", "nll_examples"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SftError(f"{name} must be a positive integer, got {value!r}")
-        if self.lr <= 0:
-            raise SftError(f"lr must be positive, got {self.lr!r}")
-        if self.kl_coef < 0:
-            raise SftError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
-        if self.kl_loss_type not in KL_TYPES:
-            raise SftError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
 
 
 def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, int]:

@@ -1,8 +1,8 @@
 """The local backend's one runner: phases warm start | SFT | GRPO over one served engine and one rollout context.
 
-:func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU (the recipe is
-mapped onto :class:`~aclarena_slime.local.config.LocalStageConfig` by :mod:`aclarena_slime.local.spec`, whose
-settings :func:`~aclarena_slime.local.session.open_session` reads once into the parts the phases take).
+:func:`run_stage` is what ``launch/stage.sh`` runs on a machine without slime or a GPU (the stage recipe, read
+once by :func:`~aclarena_slime.local.session.open_session` into the parts the phases take; :mod:`aclarena_slime.local.spec`
+says what it refuses).
 The rollouts go through the shared rollout (:func:`~aclarena_slime.rollout.run_sample`,
 :func:`~aclarena_slime.rollout.score_sample`) over HTTP against the embedded engine, with a
 :class:`~aclarena_slime.rollout.RolloutContext` built here from the stage's settings. Phases:
@@ -52,7 +52,7 @@ from aclarena_slime.adapter_swap import files_checksum, swap_adapter
 from aclarena_slime.evaluation.monitor import StageMonitor
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.jsonl import write_json_atomic
-from aclarena_slime.local.config import TINY_MODEL, LocalStageConfig
+from aclarena_slime.local.config import TINY_MODEL
 from aclarena_slime.local.demos import demo_examples, load_demo_turns
 from aclarena_slime.local.engine import LocalEngine, open_engine
 from aclarena_slime.local.group_filter import PromptStream, SampledStep
@@ -85,7 +85,6 @@ from aclarena_slime.local.session import (
     ModelSource,
     SftStage,
     WarmStart,
-    open_session,
 )
 from aclarena_slime.local.sft import SftExample, frozen_copy, train_sft, warm_start
 from aclarena_slime.local.tiny_model import TinyShape, save_tiny_checkpoint
@@ -108,13 +107,14 @@ class LocalStageError(RuntimeError):
     """The stage cannot run as configured (model folder, data); the message says what to change."""
 
 
-def run_stage(cfg: LocalStageConfig) -> dict[str, Any]:
-    """Run the stage; returns the metrics (also written to ``cfg.metrics_path``)."""
-    if cfg.progress:  # one progress bar, ours: transformers' own bars would interleave with it
+def run_stage(session: LocalSession) -> dict[str, Any]:
+    """Run the stage (its :func:`~aclarena_slime.local.session.open_session`); returns the metrics (also written to
+    ``session.paths.metrics_path``)."""
+    if session.loop.progress:  # one progress bar, ours: transformers' own bars would interleave with it
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    return asyncio.run(run_session(open_session(cfg)))
+    return asyncio.run(run_session(session))
 
 
 async def run_session(session: LocalSession) -> dict[str, Any]:

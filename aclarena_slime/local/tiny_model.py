@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from aclarena_slime.recipes.local_section import LocalBackendSettings
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added but not special, as in Qwen3: they survive ``skip_special_tokens`` when decoding.
 MARKUP_TOKENS = [
@@ -72,9 +74,10 @@ _TRAINING_TEXT = [
 class TinyShape:
     """The tiny model's size: BPE vocabulary (before the special tokens), width, layers."""
 
-    vocab_size: int = 512
-    hidden_size: int = 64
-    num_layers: int = 2
+    # the recipe's defaults (cluster.local.tiny_*), for a tiny model built outside a stage (tests, benchmarks)
+    vocab_size: int = LocalBackendSettings.tiny_vocab_size
+    hidden_size: int = LocalBackendSettings.tiny_hidden_size
+    num_layers: int = LocalBackendSettings.tiny_layers
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers"):

@@ -27,7 +27,8 @@ import torch
 
 from aclarena_slime.kl import approx_kl
 from aclarena_slime.local.generation import token_log_probs
-from aclarena_slime.local.losses import LossSettings, advantages, denominator, policy_loss
+from aclarena_slime.local.losses import advantages, denominator, policy_loss
+from aclarena_slime.local.parts import TrainSettings
 from aclarena_slime.local.sft import SftExample, frozen_copy, sft_step
 from aclarena_slime.lora.config import LoraConfig
 
@@ -42,28 +43,6 @@ class TrainSample:
     rollout_log_probs: list[float]
     reward: float
     group: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainSettings:
-    """The optimiser and the loss: AdamW (lr, betas, weight decay) on the recipe's loss (:class:`LossSettings`), and
-    how a GRPO step's rollouts are cut into optimiser steps. No defaults: the stage's builder fills every value from
-    the recipe (:func:`aclarena_slime.local.session.open_session`), whose defaults are the only ones.
-    """
-
-    loss: LossSettings
-    lr: float
-    adam_betas: tuple[float, float]
-    weight_decay: float
-    temperature: float  # the rollouts' sampling temperature: the log-probs are of the same distribution
-    updates_per_step: int  # passes over a step's rollouts (PPO epochs; the local backend's own)
-    minibatches: int  # optimiser steps per pass, each on a contiguous part (slime's num_steps_per_rollout)
-    micro_batch_size: int
-    max_grad_norm: float = 1.0  # slime's clip_grad default; no recipe key sets it
-
-    def __post_init__(self) -> None:
-        if self.minibatches < 1:
-            raise ValueError(f"minibatches must be >= 1, got {self.minibatches!r}")
 
 
 def advantage_figures(advantages: Sequence[float], groups: Sequence[int]) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """The recipe's ``cluster.local`` section: the local backend's own settings, declared and checked once.
 
 Its own module, free of heavy imports: the recipe schema types ``cluster.local`` with it (a misspelt key or a
-bad value fails when the recipe composes) and the local stage's settings extend it
-(:class:`aclarena_slime.local.config.LocalStageConfig`), which ``aclarena --help`` reads.
+bad value fails when the recipe composes), the local stage's builder reads it with the recipe's other sections
+(:func:`aclarena_slime.local.session.open_session`), and ``aclarena --help`` reads its defaults.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ class LocalConfigError(ValueError):
 class LocalBackendSettings:
     """``cluster.local``: the local backend's own settings, each declared and checked here once.
 
-    Composing a recipe checks them (a key that is not a field fails naming it); the local stage's settings
-    (:class:`aclarena_slime.local.config.LocalStageConfig`) extend this type with what the recipe's other
-    sections give, and check the combinations. The warm start is the paper's stage shape on the tiny model:
+    Composing a recipe checks them (a key that is not a field fails naming it); the local stage's builder
+    (:func:`aclarena_slime.local.session.open_session`) reads them with what the recipe's other sections give,
+    and checks the combinations. The warm start is the paper's stage shape on the tiny model:
     ``warm_start_steps`` SFT steps on the env's gold demo trajectories (``warm_start_demos``, the env's
     dotted demo-turns function) before GRPO.
     """

@@ -11,7 +11,7 @@ import yaml
 
 from aclarena_slime.arena.base import BaseSettings, build_base, evaluate_policy
 from aclarena_slime.arena.runner import (
-    domain_configs,
+    domain_sessions,
     held_out_suite,
     is_arena,
     load_arena,
@@ -22,11 +22,10 @@ from aclarena_slime.cli import main as cli
 from aclarena_slime.curriculum.config import load_curriculum
 from aclarena_slime.curriculum.methods import WARM_START_INTO_EXPERT, MethodError
 from aclarena_slime.experts import EXPERTS_NAME
-from aclarena_slime.local.config import LocalStageConfig
-from aclarena_slime.local.session import open_session
 from aclarena_slime.plugin.contract import Task
 from aclarena_slime.plugin.registry import get_environment
 from aclarena_slime.recipes.compose import RecipeError
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
@@ -117,11 +116,11 @@ def test_each_domain_is_held_out_on_its_own_eval_size(tmp_path):
     data["stages"][1]["eval_size"] = 3
     path.write_text(yaml.safe_dump(data))
     config = load_arena(path)
-    configs = domain_configs(config)
-    suite = held_out_suite([open_session(c) for c in configs])
+    sessions = domain_sessions(config)
+    suite = held_out_suite(sessions)
     assert {d.name: d.demo for d in suite.datasets} == {"math": 2, "ifeval": 3}
     assert [(d.env, d.max_response_len, d.env_config) for d in suite.datasets] == [
-        (c.env, c.eval_budget, dict(c.env_config)) for c in configs
+        (s.env, s.loop.evaluation.max_new_tokens, dict(s.records.env_config)) for s in sessions
     ]
     curriculum = method_curriculum(config, "s", tmp_path)[0]
     # the stage's own held-out records are the ones evaluated, so it never trains on them
@@ -146,7 +145,7 @@ def test_bad_methods_and_stages_are_named(tmp_path):
     data["stages"][0]["name"] = "arithmetic"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(RecipeError, match="stage 'arithmetic' trains env 'math'"):
-        domain_configs(load_arena(path))
+        domain_sessions(load_arena(path))
     with pytest.raises(RecipeError, match="no method"):
         run_arena(path, only=["nope"])
 
@@ -156,16 +155,17 @@ def test_the_shipped_arena_file_composes_every_stage_and_method(tmp_path):
     """``recipes/curriculum/arena_local.yaml`` as a user runs it: every stage composes on the local backend,
     every method makes a curriculum the runner reads, replay leaves retail out, and math asks the bare problem."""
     config = load_arena(RECIPES / "curriculum" / "arena_local.yaml", [f"output_dir={tmp_path / 'out'}"])
-    configs = domain_configs(config)
-    assert [c.env for c in configs] == ["math", "search", "retail", "ifeval"]
-    assert [c.warm_start_steps for c in configs] == [400, 200, 0, 200]  # retail has no gold demos
-    assert [c.steps_per_rollout for c in configs] == [1, 1, 1, 1]  # the arena's sizes, not the env profiles' (IFEval: 2)
+    sessions = domain_sessions(config)
+    assert [s.env for s in sessions] == ["math", "search", "retail", "ifeval"]
+    warm = [s.warm_start.sft.steps if s.warm_start else 0 for s in sessions]
+    assert warm == [400, 200, 0, 200]  # retail has no gold demos
+    assert [s.policy.train.minibatches for s in sessions] == [1, 1, 1, 1]  # the arena's sizes, not the env profiles' (IFEval: 2)
     for name in config.methods:
         written = tmp_path / f"{name}.yaml"
         written.write_text(yaml.safe_dump(method_curriculum(config, name, tmp_path / "base")[0]))
         assert [s.name for s in load_curriculum(written).stages] == ["math", "search", "retail", "ifeval"]
     assert load_curriculum(tmp_path / "replay.yaml").replay.exclude == ["retail"]
-    math = get_environment("math", configs[0].env_config)
+    math = get_environment("math", sessions[0].records.env_config)
     record = math.demo_records(1, seed=0)[0]
     try:
         assert math.conversation(Task(record["prompt"])).messages[-1]["content"] == record["prompt"]
@@ -219,7 +219,7 @@ def test_mle_asks_unchanged_weights_once_and_the_memo_equals_a_fresh_evaluation(
     last, fresh = stages[-1], tmp_path / "fresh"
     model = last.get("checkpoint") or last["metrics"]["model_dir"]
     experts = Path(index["methods"]["mle"]["manifest"]).with_name(EXPERTS_NAME)
-    suite = held_out_suite([open_session(c) for c in domain_configs(load_arena(arena_file(tmp_path, methods)))])
+    suite = held_out_suite(domain_sessions(load_arena(arena_file(tmp_path, methods))))
     asyncio.run(evaluate_policy(suite, Path(model), str(experts), fresh, "ifeval", 0))  # no memo
 
     def answers(folder: Path) -> list:
@@ -235,7 +235,8 @@ def test_the_base_is_built_from_the_tiny_model_and_a_domain_with_gold_demos(tmp_
     """build_base takes the base's sessions (one per domain with gold demos) and refuses what it cannot build."""
     with pytest.raises(ValueError, match="at least one domain with gold demos"):
         build_base([], BaseSettings(), tmp_path / "none", 0)
-    large = LocalStageConfig(env="math", output_dir=str(tmp_path / "s"), model=str(tmp_path / "qwen"),
-                             warm_start_steps=2, warm_start_demos="aclarena_envs.math.data.demo_turns")  # fmt: skip
+    large = local_session(tmp_path / "s", *LEARNABLE, "data.env=math", f"++cluster.local.model={tmp_path / 'qwen'}",
+                          "++cluster.local.warm_start_steps=2",
+                          "++cluster.local.warm_start_demos=aclarena_envs.math.data.demo_turns")  # fmt: skip
     with pytest.raises(ValueError, match="built from the tiny model"):
-        build_base([open_session(large)], BaseSettings(), tmp_path / "large", 0)
+        build_base([large], BaseSettings(), tmp_path / "large", 0)

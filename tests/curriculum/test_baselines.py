@@ -14,7 +14,6 @@ from aclarena_slime.distill.balanced_source import ReplaySettings
 from aclarena_slime.launcher.stage import StageResult
 from aclarena_slime.local.records import replay_mixture, stage_env_configs
 from aclarena_slime.local.session import open_session
-from aclarena_slime.local.spec import local_config
 from aclarena_slime.recipes.compiler import compile_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -102,7 +101,8 @@ def test_replay_runs_on_the_local_profile(tmp_path: Path):
     assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
     assert Path(first["checkpoint"], "config.json").exists() and first["adapter"] is None
     metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
-    assert metrics["config"]["replay"]["domains"] == ["math"] and metrics["config"]["replay"]["current"] == "ifeval"
+    replay = metrics["config"]["custom"]["aclarena_replay"]  # the recipe's section, as the stage ran it
+    assert list(replay["data"]) == ["math"] and replay["current"] == "ifeval"
     assert [s for s, _ in second["monitor"]["curves"]["math"]] == [0, 1, 2]  # the monitor watched math
     assert second["cost"]["trainer_steps"] == 2 and second["cost"]["rollout_tokens"] > 0 and second["cost"]["counted"]
 
@@ -132,13 +132,13 @@ def test_local_replay_runs_the_earlier_env_with_its_own_stages_settings(tmp_path
     )
     runner = FakeRunner()
     run_curriculum(path, runner=runner, evaluator=lambda *_: None)
-    retail, ifeval = (local_config(r) for r in runner.recipes)
-    assert ifeval.replay["env_config"]["retail"] == dict(retail.env_config)
+    retail, ifeval = (open_session(r) for r in runner.recipes)
+    assert ifeval.records.replay["env_config"]["retail"] == dict(retail.records.env_config)
     url = "http://127.0.0.1:9"
-    configs = stage_env_configs(open_session(ifeval).records, url)
+    configs = stage_env_configs(ifeval.records, url)
     assert list(configs) == ["ifeval", "retail"] and configs["retail"]["user"]["base_url"] == f"{url}/v1"
     own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(4)]
-    records = replay_mixture(open_session(ifeval).records, own, configs)  # builds the replayed retail env (the crash was here)
+    records = replay_mixture(ifeval.records, own, configs)  # builds the replayed retail env (the crash was here)
     assert [r["metadata"]["env"] for r in records].count("retail") == 2
 
 
@@ -185,7 +185,8 @@ def test_kl_anchor_runs_on_the_local_profile(tmp_path: Path):
     first, second = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["stages"]
     assert first["status"] == second["status"] == "done" and second["loaded"] == first["checkpoint"]
     metrics = json.loads((Path(second["checkpoint"]).parent / "metrics.json").read_text())
-    assert metrics["config"]["kl_coef"] == 0.2 and metrics["config"]["backbone"] == first["checkpoint"]
+    algorithm, local = metrics["config"]["algorithm"], metrics["config"]["local"]
+    assert algorithm["use_kl_loss"] and algorithm["kl_loss_coef"] == 0.2 and local["backbone"] == first["checkpoint"]
     assert all("kl" in step for step in metrics["steps"] if not step.get("skipped"))  # the KL term ran
 
 
@@ -211,14 +212,13 @@ def test_the_kl_anchor_section_gives_the_local_stage_its_kl_term(tmp_path: Path)
     KL term to the policy the stage starts from (the previous stage's), so it differs from the sequential run."""
     from aclarena_slime.curriculum.config import KlAnchorSettings
     from aclarena_slime.curriculum.sections import anchor_overrides
-    from aclarena_slime.local.spec import local_config
     from aclarena_slime.recipes.compose import load_recipe
 
     base = [f"paths.root={tmp_path}", "cluster=local"]
     source = {"name": "s1", "checkpoint": str(tmp_path / "s1" / "model")}
     anchor = anchor_overrides(KlAnchorSettings(enabled=True, coef=0.1), source)
-    anchored = local_config(load_recipe(RECIPES / "stage4_if.yaml", [*base, *anchor]))
-    sequential = local_config(load_recipe(RECIPES / "stage4_if.yaml", base))
+    anchored = open_session(load_recipe(RECIPES / "stage4_if.yaml", [*base, *anchor])).policy.train.loss
+    sequential = open_session(load_recipe(RECIPES / "stage4_if.yaml", base)).policy.train.loss
     assert (anchored.kl_coef, anchored.kl_loss_type) == (0.1, "low_var_kl") and sequential.kl_coef == 0.0
 
 
@@ -237,8 +237,8 @@ def test_local_replay_carries_the_earlier_stages_gold_demos_to_the_warm_start(tm
     )
     runner = FakeRunner()
     run_curriculum(path, runner=runner, evaluator=lambda *_: None)
-    ifeval = local_config(runner.recipes[-1])
-    assert ifeval.replay["domains"] == ["math", "retail"]
-    assert ifeval.replay["warm_start"] == {
+    replay = open_session(runner.recipes[-1]).records.replay
+    assert replay["domains"] == ["math", "retail"]
+    assert replay["warm_start"] == {
         "math": {"demos": "aclarena_envs.math.data.demo_turns", "max_response_len": 24, "min_reward": None}
     }

@@ -363,10 +363,10 @@ def test_the_monitor_watches_the_earlier_domains_of_a_local_stage(tmp_path: Path
     assert monitors[1].domains == ["math"] and monitors[2].domains == ["math", "search"]
     assert monitors[2].interval == 5 and monitors[2].max_drop == 3.0
     # the local backend runs the recipe's section
-    from aclarena_slime.local.spec import local_config
+    from aclarena_slime.local.session import open_session
 
-    assert local_config(runner.recipes[2]).monitor["domains"] == ["math", "search"]
-    assert local_config(runner.recipes[0]).monitor == {}
+    assert open_session(runner.recipes[2]).monitor["domains"] == ["math", "search"]
+    assert open_session(runner.recipes[0]).monitor == {}
 
 
 def test_on_slime_the_earlier_domains_join_the_stages_eval_config_and_the_alarm_hook(tmp_path: Path):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from aclarena_slime.local.config import EngineSettings, LocalConfigError, LocalStageConfig
+from aclarena_slime.local.config import EngineSettings, LocalConfigError
 from aclarena_slime.local.engine import LocalEngine
 from aclarena_slime.local.generation import GenerationError, MultiLoraModel, SamplingParams
 from aclarena_slime.local.sampling import sample
@@ -181,13 +181,15 @@ async def test_max_running_requests_queues_the_rest(tiny_model_dir):
         assert {r.finish["type"] for r in await asyncio.gather(*calls)} == {"abort"}
 
 
-def test_engine_settings_are_checked_and_reach_the_stage_config():
+def test_engine_settings_are_checked_and_reach_the_stage_config(tmp_path):
+    from aclarena_slime.testing.local import LEARNABLE, local_recipe, local_session
+
     with pytest.raises(LocalConfigError, match="max_running_requests"):
         EngineSettings(max_running_requests=0)
-    with pytest.raises(LocalConfigError, match="max_prefill_tokens"):
-        LocalStageConfig(env="math", output_dir="out", max_prefill_tokens=-1)
-    cfg = LocalStageConfig(env="math", output_dir="out", max_running_requests=16)
-    assert cfg.engine_settings == EngineSettings(max_running_requests=16)
+    with pytest.raises(ValueError, match="max_prefill_tokens"):
+        local_recipe(tmp_path, *LEARNABLE, "++cluster.local.max_prefill_tokens=-1")
+    session = local_session(tmp_path, *LEARNABLE, "++cluster.local.max_running_requests=16")
+    assert session.engine.settings == EngineSettings(max_running_requests=16)
 
 
 def test_an_adapter_the_engine_cannot_reproduce_is_refused(engine_model, adapter_dir, tmp_path):

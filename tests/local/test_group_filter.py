@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from aclarena_slime import group_rewards
-from aclarena_slime.local.config import LocalConfigError, LocalStageConfig
 from aclarena_slime.local.group_filter import FILTER_PATHS, GroupFilter, GroupFilterError, PromptStream, sample_groups
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.plugin import registry
+from aclarena_slime.recipes.compose import RecipeError
 from aclarena_slime.sample import Sample
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 NONZERO_STD = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
 
@@ -79,13 +80,14 @@ def test_settings_the_local_stage_cannot_run_are_clear_errors(tmp_path):
         GroupFilter.named("slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback")
     with pytest.raises(GroupFilterError, match="max_no_tool_fraction"):
         GroupFilter.named(FILTER_PATHS[2], {"max_no_tool_fraction": 2})
-    base = {"env": "learnable", "output_dir": str(tmp_path), "prompts_per_step": 4}
-    with pytest.raises(LocalConfigError, match="over_sampling_prompts=2 is below prompts_per_step=4"):
-        LocalStageConfig(**base, over_sampling_prompts=2)
-    with pytest.raises(LocalConfigError, match="dynamic_sampling_filter_path"):
-        LocalStageConfig(**base, group_filter="my.filter")
-    with pytest.raises(LocalConfigError, match="max_sampling_rounds"):
-        LocalStageConfig(**base, group_filter=NONZERO_STD, max_sampling_rounds=0)
+    base = (*LEARNABLE, "rollout.rollout_batch_size=4")
+    with pytest.raises(RecipeError, match="over_sampling_prompts=2 is below prompts_per_step=4"):
+        local_session(tmp_path, *base, "rollout.over_sampling_batch_size=2")
+    with pytest.raises(RecipeError, match="dynamic_sampling_filter_path"):
+        local_session(tmp_path, *base, "rollout.dynamic_sampling_filter_path=my.filter")
+    with pytest.raises(ValueError, match="max_sampling_rounds"):
+        local_session(tmp_path, *base, f"rollout.dynamic_sampling_filter_path={NONZERO_STD}",
+                      "++cluster.local.max_sampling_rounds=0")  # fmt: skip
 
 
 def test_the_no_tool_rule_masks_and_drops_as_on_slime():
@@ -104,12 +106,14 @@ def test_a_grpo_stage_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path)
     from aclarena_envs.learnable.env import LearnableEnvironment
 
     registry.register("learnable", LearnableEnvironment)
-    cfg = LocalStageConfig(
-        env="learnable", output_dir=str(tmp_path / "stage"), steps=2, prompts_per_step=2, samples_per_prompt=4,
-        max_response_len=8, eval_size=2, torch_threads=1, progress=False, lr=5e-2, seed=1,
-        group_filter=NONZERO_STD, over_sampling_prompts=4, max_sampling_rounds=3,
+    session = local_session(
+        tmp_path, *LEARNABLE, "rollout.num_rollout=2", "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=4",
+        "rollout.rollout_max_response_len=8", "++cluster.local.eval_size=2", "++cluster.local.torch_threads=1",
+        "++cluster.local.progress=false", "algorithm.lr=5e-2", "++cluster.local.seed=1",
+        f"rollout.dynamic_sampling_filter_path={NONZERO_STD}", "rollout.over_sampling_batch_size=4",
+        "++cluster.local.max_sampling_rounds=3",
     )  # fmt: skip
-    metrics = run_stage(cfg)
+    metrics = run_stage(session)
     for step in metrics["steps"]:
         assert step["groups_rolled_out"] == 4 * step["sampling_rounds"] and step["sampling_rounds"] <= 3
         assert step["groups_kept"] + sum(step.get("filter_drops", {}).values()) <= step["groups_rolled_out"]
@@ -117,8 +121,8 @@ def test_a_grpo_stage_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path)
         assert step["samples"] == 4 * step["groups_kept"]
         if step["groups_kept"]:
             assert step["nonzero_adv_frac"] == 1.0
-    on_disk = json.loads(cfg.metrics_path.read_text())
-    assert on_disk["config"]["group_filter"] == NONZERO_STD and on_disk["config"]["over_sampling_prompts"] == 4
+    rollout = json.loads(session.paths.metrics_path.read_text())["config"]["rollout"]
+    assert rollout["dynamic_sampling_filter_path"] == NONZERO_STD and rollout["over_sampling_batch_size"] == 4
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -9,29 +9,22 @@ import pytest
 
 from aclarena_slime import parity
 from aclarena_slime.local import stage as stage_module
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.group_filter import FILTER_PATHS
 from aclarena_slime.local.parity_probe import PROMPTS, SAMPLES, TOKENS, probe_session
-from aclarena_slime.local.session import open_session
 from aclarena_slime.local.trainer import PolicyTrainer
 from aclarena_slime.plugin import registry
+from aclarena_slime.testing.local import LEARNABLE, local_session
+
+STAGE = (*LEARNABLE, "rollout.num_rollout=1", "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2",
+         "rollout.rollout_max_response_len=8", "++cluster.local.eval_size=1", "++cluster.local.torch_threads=1",
+         "++cluster.local.progress=false")  # fmt: skip
 
 
-def _cfg(tmp_path) -> LocalStageConfig:
+@pytest.fixture(autouse=True)
+def _learnable_registered():
     from aclarena_envs.learnable.env import LearnableEnvironment
 
     registry.register("learnable", LearnableEnvironment)
-    return LocalStageConfig(
-        env="learnable",
-        output_dir=str(tmp_path / "stage"),
-        steps=1,
-        prompts_per_step=2,
-        samples_per_prompt=2,
-        max_response_len=8,
-        eval_size=1,
-        torch_threads=1,
-        progress=False,
-    )
 
 
 def test_compare_gates_on_the_mean_gap_of_loss_mask_tokens():
@@ -45,7 +38,7 @@ def test_compare_gates_on_the_mean_gap_of_loss_mask_tokens():
 
 
 def test_a_stage_records_parity_at_its_first_step(tmp_path):
-    metrics = stage_module.run_stage(_cfg(tmp_path))
+    metrics = stage_module.run_stage(local_session(tmp_path, *STAGE))
     first = metrics["steps"][0]
     assert first["parity_mean_abs"] <= parity.LOCAL_TOLERANCE and first["parity_max_abs"] >= first["parity_mean_abs"]
 
@@ -62,7 +55,7 @@ def test_a_mismatch_stops_the_stage_before_it_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(stage_module, "to_train_sample", off_by_half)
     monkeypatch.setattr(PolicyTrainer, "step", lambda self, samples: steps.append(len(samples)) or {})
     with pytest.raises(parity.ParityError, match="parity FAILED.*mean \\|gap\\| 0.5"):
-        stage_module.run_stage(_cfg(tmp_path))
+        stage_module.run_stage(local_session(tmp_path, *STAGE))
     assert steps == []
 
 
@@ -80,14 +73,19 @@ def test_the_doctor_runs_the_parity_check_for_a_local_recipe(tmp_path):
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"over_sampling_prompts": 8, "prompts_per_step": 4}, {"over_sampling_prompts": 6}, {"warm_start_steps": 2, "warm_start_demos": "x.y"},
-     {"eval_max_response_len": 40}, {"group_filter": FILTER_PATHS[0], "steps": 3}],
+    [(), ("rollout.over_sampling_batch_size=8", "rollout.rollout_batch_size=4"), ("rollout.over_sampling_batch_size=6",),
+     ("++cluster.local.warm_start_steps=2", "++cluster.local.warm_start_demos=x.y"), ("data.eval_max_response_len=40",),
+     (f"rollout.dynamic_sampling_filter_path={FILTER_PATHS[0]}", "rollout.num_rollout=3")],
 )  # fmt: skip
 def test_the_probe_shrinks_the_stages_session_as_it_would_the_stages_settings(tmp_path, changes):
-    """run_probe takes the stage's session: its probe is the session the shrunk settings build, part for part."""
-    sizes = {"prompts_per_step": 6, "samples_per_prompt": 3, "max_response_len": 32}
-    cfg = dataclasses.replace(_cfg(tmp_path), **{**sizes, **changes})
+    """run_probe takes the stage's session: its probe is the session the shrunk settings build, part for part (its
+    outputs in the scratch folder)."""
+    sizes = ("rollout.rollout_batch_size=6", "rollout.n_samples_per_prompt=3", "rollout.rollout_max_response_len=32")
+    stage = (*STAGE, *sizes, *changes)
     scratch = tmp_path / "scratch"
-    small = dataclasses.replace(cfg, prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, max_response_len=TOKENS,
-                                warm_start_steps=0, output_dir=str(scratch))  # fmt: skip
-    assert probe_session(open_session(cfg), scratch) == open_session(small)
+    small = local_session(tmp_path, *stage, f"rollout.rollout_batch_size={PROMPTS}",
+                          f"rollout.n_samples_per_prompt={SAMPLES}", f"rollout.rollout_max_response_len={TOKENS}",
+                          "++cluster.local.warm_start_steps=0")  # fmt: skip
+    small = dataclasses.replace(small, paths=dataclasses.replace(small.paths, output_dir=scratch),
+                                settings={**small.settings, "output_dir": str(scratch)})  # fmt: skip
+    assert probe_session(local_session(tmp_path, *stage), scratch) == small

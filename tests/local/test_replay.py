@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import replay_mixture, replay_records
-from aclarena_slime.local.session import open_session
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 
 def test_replay_records_hold_the_share_in_every_step():
@@ -20,12 +19,13 @@ def test_replay_records_hold_the_share_in_every_step():
     assert [r["prompt"] for r in records if r["metadata"]["env"] == "c"] == [f"own {i}" for i in range(6)]
 
 
-def test_the_replay_mixture_mixes_real_env_records():
-    cfg = LocalStageConfig(
-        env="ifeval", output_dir="unused", steps=2, prompts_per_step=4, progress=False,
-        replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
-    )  # fmt: skip
+def test_the_replay_mixture_mixes_real_env_records(tmp_path):
+    ifeval = (*LEARNABLE, "data.env=ifeval", "+env_config.ifeval={}", "rollout.num_rollout=2",
+              "rollout.rollout_batch_size=4", "++cluster.local.progress=false")  # fmt: skip
+    session = local_session(
+        tmp_path, *ifeval, "++custom.aclarena_replay={enabled: true, share: 0.5, current: ifeval, data: {math: unused}}"
+    )
     own = [{"prompt": "p", "metadata": {"env": "ifeval"}}] * 8
-    records = replay_mixture(open_session(cfg).records, own, {"ifeval": {}, "math": {}})
+    records = replay_mixture(session.records, own, {"ifeval": {}, "math": {}})
     assert [r["metadata"]["env"] for r in records].count("math") == 4
-    assert replay_mixture(open_session(LocalStageConfig(env="ifeval", output_dir="x")).records, own, {}) is own
+    assert replay_mixture(local_session(tmp_path, *ifeval).records, own, {}) is own

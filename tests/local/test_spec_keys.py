@@ -4,12 +4,14 @@ for each recipe group the keys it honours compose, and an injected key it would 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
+from aclarena_slime.local.run import local_plan
 from aclarena_slime.local.session import open_session
-from aclarena_slime.local.spec import EXTRA_KEYS, INERT, local_config, local_plan, read_keys
+from aclarena_slime.local.spec import EXTRA_KEYS, INERT, RECIPE_KEYS, read_keys
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.schema import AlgorithmConfig, RolloutConfig
 
@@ -37,18 +39,18 @@ def test_every_algorithm_group_has_a_stage():
 @pytest.mark.parametrize("group", sorted(set(GROUP_STAGES) - {"mopd"}))
 def test_a_groups_honoured_keys_compose(group: str, tmp_path: Path):
     """The local profile runs GRPO (its figures' estimator); the command line's GSPO runs too."""
-    cfg = local_config(compose(GROUP_STAGES[group], tmp_path, f"algorithm={group}"))
-    assert cfg.advantage_estimator == "grpo"
+    session = open_session(compose(GROUP_STAGES[group], tmp_path, f"algorithm={group}"))
+    assert session.policy.train.loss.estimator == "grpo"
     if group == "gspo":
-        gspo = compose(GROUP_STAGES[group], tmp_path, f"algorithm={group}", "algorithm.advantage_estimator=gspo")
-        assert local_config(gspo).advantage_estimator == "gspo"
-        assert "# loss: gspo, the token mean" in local_plan(open_session(local_config(gspo)))  # what --dry-run says
+        gspo = open_session(compose(GROUP_STAGES[group], tmp_path, f"algorithm={group}", "algorithm.advantage_estimator=gspo"))
+        assert gspo.policy.train.loss.estimator == "gspo"
+        assert "# loss: gspo, the token mean" in local_plan(gspo)  # what --dry-run says
 
 
 def test_the_mopd_group_is_refused_by_its_distillation_key(tmp_path: Path):
     """On-policy distillation is slime's: its teachers' reverse KL has no local counterpart."""
     with pytest.raises(RecipeError, match=r"algorithm\.extra\.use_opd=True: the local backend does not honour it"):
-        local_config(compose("stage1_math", tmp_path, "algorithm=mopd", "algorithm.kl_loss_coef=0.01"))
+        open_session(compose("stage1_math", tmp_path, "algorithm=mopd", "algorithm.kl_loss_coef=0.01"))
 
 
 @pytest.mark.parametrize("group", sorted(set(GROUP_STAGES) - {"mopd"}))
@@ -56,7 +58,7 @@ def test_the_mopd_group_is_refused_by_its_distillation_key(tmp_path: Path):
 def test_an_injected_key_the_local_backend_leaves_aside_is_refused_by_name(group, override, named, tmp_path):
     recipe = compose(GROUP_STAGES[group], tmp_path, f"algorithm={group}", override)
     with pytest.raises(RecipeError, match=named.replace(".", r"\.") + "=.*does not honour it"):
-        local_config(recipe)
+        open_session(recipe)
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -66,20 +68,20 @@ def test_every_stage_recipe_composes_locally_or_is_refused_by_name(stage: str, t
     recipe = compose(stage, tmp_path)
     if recipe.kind == "mopd":
         with pytest.raises(RecipeError, match="is kind 'mopd'"):
-            local_config(recipe)
+            open_session(recipe)
     elif recipe.extra.get("debug_rollout_only"):
         with pytest.raises(RecipeError, match=r"extra\.debug_rollout_only=True: the local backend does not honour it"):
-            local_config(recipe)
+            open_session(recipe)
     elif recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None:
         with pytest.raises(RecipeError, match="without a warm-start filter"):
-            local_config(recipe)
+            open_session(recipe)
     else:
-        local_config(recipe)
+        open_session(recipe)
 
 
 def test_an_sft_loss_on_an_rl_stage_is_refused(tmp_path: Path):
     with pytest.raises(RecipeError, match="loss_type='sft_loss' on a 'rl' stage"):
-        local_config(compose("stage1_math", tmp_path, "++algorithm.extra.loss_type=sft_loss"))
+        open_session(compose("stage1_math", tmp_path, "++algorithm.extra.loss_type=sft_loss"))
 
 
 def test_every_algorithm_and_rollout_key_is_read_inert_or_refused_unless_default():
@@ -90,3 +92,15 @@ def test_every_algorithm_and_rollout_key_is_read_inert_or_refused_unless_default
     assert set(INERT) <= fields
     assert fields - read_keys() - set(INERT) == {"rollout.rollout_max_context_len"}
     assert all(why for keys in EXTRA_KEYS.values() for _, why in keys.values())
+
+
+def test_the_allow_list_is_what_the_stages_builder_reads():
+    """RECIPE_KEYS (what check_known lets through) names exactly the recipe sections' keys the builder reads
+    (aclarena_slime/local/session.py; the optimiser steps a rollout: spec.steps_per_rollout), so a setting read
+    without being allowed, or allowed without being read, fails here."""
+    source = (REPO / "aclarena_slime" / "local" / "session.py").read_text(encoding="utf-8")
+    read = {f"{section}.{name}" for section, name in re.findall(r"\b(algorithm|rollout|data|custom)\.(\w+)", source)}
+    read = (read - {"algorithm.extra"}) | {f"algorithm.extra.{k}" for k in re.findall(r'algorithm\.extra\.get\("(\w+)"', source)}
+    by_steps_per_rollout = {"rollout.num_steps_per_rollout", "rollout.global_batch_size"}
+    sections = ("algorithm.", "rollout.", "data.", "custom.")
+    assert read | by_steps_per_rollout == {key for key in RECIPE_KEYS if key.startswith(sections)}

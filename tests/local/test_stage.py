@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.records import RecordError, bind_engine
-from aclarena_slime.local.session import open_session
 from aclarena_slime.local.stage import LocalStageError, run_stage
 from aclarena_slime.plugin import registry
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 
 @pytest.fixture(autouse=True)
@@ -23,19 +22,14 @@ def _learnable_registered():
     registry.register("learnable", LearnableEnvironment)
 
 
-def small(tmp_path, env, **overrides):
-    values = dict(
-        env=env,
-        output_dir=str(tmp_path / env),
-        steps=1,
-        prompts_per_step=2,
-        samples_per_prompt=2,
-        max_response_len=32,
-        eval_size=2,
-        torch_threads=1,
-        progress=False,
-    )
-    return LocalStageConfig(**{**values, **overrides})
+def small(tmp_path, env, *overrides):
+    """A one-step stage of ``env`` (2 prompts x 2 samples of 32 tokens) under ``tmp_path / env``; the recipe's settings
+    of an env it configures (math, search), none of another's."""
+    own = () if env in ("learnable", "math", "search") else (f"++env_config.{env}={{}}",)
+    sizes = ("rollout.num_rollout=1", "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2",
+             "rollout.rollout_max_response_len=32", "++cluster.local.eval_size=2", "++cluster.local.torch_threads=1",
+             "++cluster.local.progress=false")  # fmt: skip
+    return local_session(tmp_path / env, *LEARNABLE, f"data.env={env}", *own, *sizes, *overrides)
 
 
 def test_reward_rises_on_the_learnable_env(tmp_path):
@@ -45,22 +39,24 @@ def test_reward_rises_on_the_learnable_env(tmp_path):
     (init std 0.02 over 64 dims) against a normalised hidden state of norm ~8, so no change of the
     hidden state alone can move much probability onto the ~30 digit tokens of its 518.
     """
-    cfg = small(
+    session = small(
         tmp_path,
         "learnable",
-        steps=8,
-        prompts_per_step=4,
-        samples_per_prompt=8,
-        max_response_len=8,
-        eval_size=8,
-        lr=5e-2,
-        lora={"rank": 8, "target_modules": ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj", "lm_head"]},
+        "rollout.num_rollout=8",
+        "rollout.rollout_batch_size=4",
+        "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=8",
+        "++cluster.local.eval_size=8",
+        "algorithm.lr=5e-2",
+        "lora.rank=8",
+        "lora.target_modules=[q_proj,v_proj,o_proj,up_proj,down_proj,lm_head]",
         # Eight steps of 32 samples are few: whether one seeded run clears +0.3 depends on its draws. With
         # the batched engine's sampling stream seed 1 reaches 1.0 by step 8 (seed 0 only 0.27, still rising).
-        seed=1,
-        per_token_loss=True,  # the loss this seed was chosen with; slime's default sample mean: 0.18 by step 8
+        "++cluster.local.seed=1",
+        # the loss this seed was chosen with; slime's default sample mean: 0.18 by step 8
+        "++algorithm.extra.calculate_per_token_loss=true",
     )
-    metrics = run_stage(cfg)
+    metrics = run_stage(session)
     rewards = [s["reward_mean"] for s in metrics["steps"]]
     early, late = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert early < 0.3, rewards
@@ -74,20 +70,22 @@ def test_multi_turn_stage_leaves_a_peft_adapter_and_metrics(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    cfg = small(tmp_path, "mock", steps=2, max_response_len=48, env_config={"max_turns": 3})
-    metrics = run_stage(cfg)
-    on_disk = json.loads(cfg.metrics_path.read_text())
+    session = small(tmp_path, "mock", "rollout.num_rollout=2", "rollout.rollout_max_response_len=48",
+                    "++env_config.mock.max_turns=3")  # fmt: skip
+    metrics = run_stage(session)
+    on_disk = json.loads(session.paths.metrics_path.read_text())
     assert on_disk["steps"] == metrics["steps"] and len(metrics["steps"]) == 2
     assert on_disk["config"]["env"] == "mock" and on_disk["backend"] == "local"
     assert metrics["eval_before"]["n"] == 2 and metrics["eval_after"]["mean_reward"] is not None
     assert metrics["engine_generated_tokens"] > 0
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(metrics["model_dir"]), cfg.adapter_dir)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(metrics["model_dir"]), session.paths.adapter_dir)
     with torch.no_grad():
         assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape[-1] > 0
 
 
 def test_multi_turn_log_probs_line_up_around_observations(tmp_path):
-    metrics = run_stage(small(tmp_path, "learnable", steps=2, samples_per_prompt=4, env_config={"turns": 3}))
+    metrics = run_stage(small(tmp_path, "learnable", "rollout.num_rollout=2", "rollout.n_samples_per_prompt=4",
+                                 "++env_config.learnable.turns=3"))
     for step in metrics["steps"]:
         # Observations (mask 0) sit between the model's turns; the recomputed log-probs still line up.
         assert step["model_token_frac"] < 1.0
@@ -100,10 +98,11 @@ def test_stage_envs_run_on_the_local_backend(tmp_path, env):
         registry.get_environment(env, {}).demo_records(1, seed=0)
     except (registry.UnknownEnvironment, registry.PluginLoadError, NotImplementedError) as exc:
         pytest.skip(f"env {env!r} is not usable here yet: {exc}")
-    metrics = run_stage(small(tmp_path, env))
+    session = small(tmp_path, env)
+    metrics = run_stage(session)
     assert metrics["steps"][0]["excluded"] == 0
-    assert (tmp_path / env / "adapter" / "adapter_model.safetensors").is_file()
-    assert (tmp_path / env / "metrics.json").is_file()
+    assert (session.paths.adapter_dir / "adapter_model.safetensors").is_file()
+    assert session.paths.metrics_path.is_file()
 
 
 def test_engine_placeholders_are_bound():
@@ -117,17 +116,17 @@ def test_engine_placeholders_are_bound():
 
 def test_a_missing_model_or_data_file_is_a_clear_error(tmp_path):
     with pytest.raises(LocalStageError, match="config.json"):
-        run_stage(small(tmp_path, "learnable", model=str(tmp_path / "nowhere")))
+        run_stage(small(tmp_path, "learnable", f"++cluster.local.model={tmp_path / 'nowhere'}"))
     with pytest.raises(RecordError, match="does not exist"):
-        run_stage(small(tmp_path, "learnable", data_path=str(tmp_path / "missing.jsonl")))
+        run_stage(small(tmp_path, "learnable", f"++cluster.local.data_path={tmp_path / 'missing.jsonl'}"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x", "metadata": {"env": "learnable"}}\n{oops\n')
     with pytest.raises(RecordError, match="bad.jsonl:2"):
-        run_stage(small(tmp_path, "learnable", data_path=str(bad)))
+        run_stage(small(tmp_path, "learnable", f"++cluster.local.data_path={bad}"))
     other = tmp_path / "other.jsonl"
     other.write_text('{"prompt": "x", "metadata": {"env": "math"}}\n')
     with pytest.raises(RecordError, match="'math'"):
-        run_stage(small(tmp_path, "learnable", data_path=str(other)))
+        run_stage(small(tmp_path, "learnable", f"++cluster.local.data_path={other}"))
 
 
 @pytest.mark.slow  # a stage through the CLI in a fresh interpreter: ~13 s on 2 cores
@@ -163,13 +162,16 @@ def _without_timings(value):
 def test_the_same_seed_gives_the_same_metrics(tmp_path):
     """Determinism: seeded sampling per request, requests in sample order, a seeded data order. Two runs of
     the same multi-turn stage give the same metrics, and metrics.json records the seed."""
-    runs = [
-        run_stage(small(tmp_path / str(n), "mock", steps=2, max_response_len=48, env_config={"max_turns": 3}, seed=3))
+    sessions = [
+        small(tmp_path / str(n), "mock", "rollout.num_rollout=2", "rollout.rollout_max_response_len=48",
+              "++env_config.mock.max_turns=3", "++cluster.local.seed=3")
         for n in range(2)
-    ]
+    ]  # fmt: skip
+    runs = [run_stage(s) for s in sessions]
     first, second = (_without_timings(m) for m in runs)
-    for m in (first, second):
-        m.pop("model_dir"), m.pop("adapter_dir"), m["config"].pop("output_dir", None)
+    for n, m in enumerate((first, second)):
+        m.pop("model_dir"), m.pop("adapter_dir")
+        m["config"] = json.loads(json.dumps(m["config"]).replace(str(tmp_path / str(n)), "<root>"))  # its folders
     # The trainer-vs-engine log-prob gap is a float32 rounding figure (~1e-7): the engine batches requests
     # as they arrive, and a matmul's rounding depends on the batch it runs in. Tokens, rewards and every
     # other metric repeat exactly; the gap repeats to well below what it diagnoses.
@@ -179,7 +181,7 @@ def test_the_same_seed_gives_the_same_metrics(tmp_path):
     assert first == second
     assert len(gaps[0]) > len(first["steps"])  # the parity figures were there
     assert gaps[0] == pytest.approx(gaps[1], abs=1e-6)
-    assert runs[0]["seed"] == 3 and json.loads((tmp_path / "0" / "mock" / "metrics.json").read_text())["seed"] == 3
+    assert runs[0]["seed"] == 3 and json.loads(sessions[0].paths.metrics_path.read_text())["seed"] == 3
 
 
 @pytest.mark.slow
@@ -187,21 +189,22 @@ def test_a_grpo_run_records_why_it_learns_or_not(tmp_path):
     """Each step keeps the diagnostics of issue 25 (what the rollouts scored, whether their groups had a
     reward spread, entropy, KL to the starting policy, grad norm, clip fraction), within their ranges; the
     held-out reward is the mean of ``eval_samples`` samples per prompt, the greedy one recorded beside it."""
-    cfg = small(
+    session = small(
         tmp_path,
         "learnable",
-        steps=3,
-        samples_per_prompt=8,
-        max_response_len=8,
-        lr=5e-2,
-        updates_per_step=2,  # the second pass is off-policy: the clip can engage
-        lora={"rank": 8, "target_modules": ["q_proj", "v_proj", "lm_head"]},
-        seed=1,
-        eval_temperature=1.0,
-        eval_samples=3,
+        "rollout.num_rollout=3",
+        "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=8",
+        "algorithm.lr=5e-2",
+        "++cluster.local.updates_per_step=2",  # the second pass is off-policy: the clip can engage
+        "lora.rank=8",
+        "lora.target_modules=[q_proj,v_proj,lm_head]",
+        "++cluster.local.seed=1",
+        "data.eval_temperature=1.0",
+        "data.n_samples_per_eval_prompt=3",
     )
-    metrics = run_stage(cfg)
-    steps = json.loads(cfg.metrics_path.read_text())["steps"]
+    metrics = run_stage(session)
+    steps = json.loads(session.paths.metrics_path.read_text())["steps"]
     assert [s["step"] for s in steps] == [0, 1, 2]
     for s in steps:
         assert 0.0 <= s["clip_frac"] <= 1.0
@@ -236,13 +239,15 @@ def test_a_sampled_evaluation_gives_each_sample_of_a_prompt_its_own_seed(tmp_pat
             s.reward = float(s.index % 2)
 
     monkeypatch.setattr(stage, "_gather", gather)
-    cfg = small(tmp_path, "learnable", eval_temperature=0.7, eval_top_p=0.9, eval_samples=4)
+    evaluation = small(tmp_path, "learnable", "data.eval_temperature=0.7", "data.eval_top_p=0.9",
+                       "data.n_samples_per_eval_prompt=4").loop.evaluation  # fmt: skip
     records = [{"prompt": f"q{i}", "label": "1", "metadata": {"env": "learnable"}} for i in range(3)]
-    sampled = asyncio.run(stage.evaluate(None, records, open_session(cfg).loop.evaluation, asyncio.Semaphore(4)))
-    greedy = asyncio.run(stage.evaluate(None, records, open_session(cfg).loop.evaluation, asyncio.Semaphore(4), greedy=True))
+    sampled = asyncio.run(stage.evaluate(None, records, evaluation, asyncio.Semaphore(4)))
+    greedy = asyncio.run(stage.evaluate(None, records, evaluation, asyncio.Semaphore(4), greedy=True))
     (pairs, params, seed), (greedy_pairs, greedy_params, _) = asked
     assert pairs == [(i, 4 * i + j) for i in range(3) for j in range(4)]  # index -> sampling seed: 12 distinct
     assert (params["temperature"], params["top_p"]) == (0.7, 0.9)
-    assert sampled == {"n": 12, "mean_reward": 0.5, "excluded": 0, "prompts": 3, "samples_per_prompt": 4}
+    assert sampled == {"n": 12, "mean_reward": 0.5, "excluded": 0, "prompts": 3, "samples_per_prompt": 4,
+                       "temperature": 0.7, "top_p": 0.9}  # how it was measured
     assert greedy_pairs == [(0, 0), (1, 1), (2, 2)] and (greedy_params["temperature"], greedy_params["top_p"]) == (0, 1)
     assert (greedy["n"], greedy["mean_reward"]) == (3, 1 / 3)

@@ -8,9 +8,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from aclarena_slime.local.config import LocalStageConfig
+from aclarena_slime.local.session import LocalSession
 from aclarena_slime.local.stage import run_stage
 from aclarena_slime.plugin import registry
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 
 @pytest.fixture(autouse=True)
@@ -30,20 +31,24 @@ def _envs_registered():
     registry.register("nodigits", NoDigits)
 
 
-def stage(tmp_path, lr: float, **monitor) -> LocalStageConfig:
-    # The settings of test_reward_rises_on_the_learnable_env: the digit share rises by > 30 points.
-    return LocalStageConfig(
-        env="learnable", output_dir=str(tmp_path / "stage"), steps=8, prompts_per_step=4, samples_per_prompt=8,
-        max_response_len=8, eval_size=0, lr=lr, torch_threads=1, progress=False, per_token_loss=True,
-        lora={"rank": 8, "target_modules": ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj", "lm_head"]},
-        monitor={"enabled": True, "domains": ["nodigits"], "interval": 2, "demo_size": 8, "max_response_len": 8,
-                 "max_drop": 10.0, **monitor},
+def stage(tmp_path, lr: float, *monitor: str) -> LocalSession:
+    """The settings of test_reward_rises_on_the_learnable_env (the digit share rises by > 30 points), and the
+    monitor over the earlier domain; ``monitor``: its further settings (``action=stop``)."""
+    return local_session(
+        tmp_path, *LEARNABLE, "rollout.num_rollout=8", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=8", "++cluster.local.eval_size=0", f"algorithm.lr={lr}",
+        "++cluster.local.torch_threads=1", "++cluster.local.progress=false",
+        "++algorithm.extra.calculate_per_token_loss=true", "lora.rank=8",
+        "lora.target_modules=[q_proj,v_proj,o_proj,up_proj,down_proj,lm_head]", "++monitor.enabled=true",
+        "++monitor.domains=[nodigits]", "++monitor.interval=2", "++monitor.demo_size=8", "++monitor.max_response_len=8",
+        "++monitor.max_drop=10.0", *(f"++monitor.{item}" for item in monitor),
     )  # fmt: skip
 
 
 @pytest.mark.slow
 def test_the_alarm_fires_when_training_makes_an_earlier_domain_fall_and_stops_the_stage(tmp_path):
-    metrics = run_stage(stage(tmp_path, lr=5e-2, action="stop"))
+    session = stage(tmp_path, 5e-2, "action=stop")
+    metrics = run_stage(session)
     report = metrics["monitor"]
     curve = report["curves"]["nodigits"]
     (alarm,) = report["alarms"]
@@ -54,16 +59,17 @@ def test_the_alarm_fires_when_training_makes_an_earlier_domain_fall_and_stops_th
     kl = report["kl"]["nodigits"]
     assert [s for s, _ in kl] == [s for s, _ in curve] and kl[0] == [0, 0.0] and kl[-1][1] > 0.0
     # each check is a real eval run: per-sample lines, served by the adapter being trained
-    assert (tmp_path / "stage" / "monitor" / "rollout_00000" / "samples" / "nodigits.jsonl").is_file()
+    assert (session.paths.output_dir / "monitor" / "rollout_00000" / "samples" / "nodigits.jsonl").is_file()
 
 
 @pytest.mark.slow
 def test_the_monitor_stays_quiet_when_nothing_is_forgotten_and_keeps_the_policy(tmp_path):
-    metrics = run_stage(stage(tmp_path, lr=1e-7, action="keep"))
+    session = stage(tmp_path, 1e-7, "action=keep")
+    metrics = run_stage(session)
     report = metrics["monitor"]
     assert report["alarms"] == [] and not report["stopped"] and len(metrics["steps"]) == 8
     assert [s for s, _ in report["curves"]["nodigits"]] == [0, 2, 4, 6, 8]
-    assert (tmp_path / "stage" / "monitor" / "kept_adapter" / "adapter_config.json").is_file()
+    assert (session.paths.output_dir / "monitor" / "kept_adapter" / "adapter_config.json").is_file()
     assert "kept_adapter" not in report  # nothing fell: the stage's own adapter is the one to use
 
 

@@ -12,14 +12,14 @@ import pytest
 from aclarena_slime.adapter_swap import AdapterSwapError, verify_checksum
 from aclarena_slime.local import stage as stage_module
 from aclarena_slime.local import trainer as trainer_module
-from aclarena_slime.local.config import LocalStageConfig
-from aclarena_slime.local.session import open_session
 from aclarena_slime.local.trainer import PolicyTrainer
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 
 def test_a_truncated_adapter_file_fails_the_checksum_the_engine_checks(tiny_model_dir, tmp_path, monkeypatch):
-    cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), progress=False)
-    trainer = PolicyTrainer.build(tiny_model_dir, open_session(cfg).policy.train, cfg.lora, seed=0)
+    session = local_session(tmp_path, *LEARNABLE, "++cluster.local.progress=false")
+    policy = session.policy
+    trainer = PolicyTrainer.build(tiny_model_dir, policy.train, policy.lora, seed=0)
     publish = trainer_module.publish_folder
 
     def truncating(written: Path, directory: Path) -> None:  # a short write: the disk keeps half the weights
@@ -37,9 +37,9 @@ def test_a_truncated_adapter_file_fails_the_checksum_the_engine_checks(tiny_mode
     monkeypatch.setattr(stage_module, "swap_adapter", swap)
     context = SimpleNamespace(client=lambda: None, env_configs={"learnable": {}}, experts=None)
     served = SimpleNamespace(context=context)
-    asyncio.run(stage_module.serve_policy(served, trainer, cfg.expert_name, cfg.adapter_dir, loaded=False))
+    asyncio.run(stage_module.serve_policy(served, trainer, policy.name, session.paths.adapter_dir, loaded=False))
     with pytest.raises(AdapterSwapError, match="checksum"):
-        verify_checksum(cfg.adapter_dir, sent["checksum"])  # the engine's own check refuses the cut file
+        verify_checksum(session.paths.adapter_dir, sent["checksum"])  # the engine's own check refuses the cut file
 
 
 class _BaseTokenizer:
@@ -93,16 +93,17 @@ def test_the_warm_start_key_holds_what_the_warm_start_reads(tmp_path):
     registry.register("learnable", LearnableEnvironment)
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"question {i}", "label": "a"}) + "\n" for i in range(12)))
-    cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), data_path=str(data), eval_size=0,
-                           warm_start_steps=2, warm_start_records=4, warm_start_demos="json.dumps",
-                           progress=False)  # fmt: skip
-    session = open_session(cfg)
+    cfg = (*LEARNABLE, f"++cluster.local.data_path={data}", "++cluster.local.eval_size=0",
+           "++cluster.local.warm_start_steps=2", "++cluster.local.warm_start_records=4",
+           "++cluster.local.warm_start_demos=json.dumps", "++cluster.local.progress=false")  # fmt: skip
+    session = local_session(tmp_path, *cfg)
+    folder = session.paths.warm_start_dir
     key = stage_module.warm_start_key(session, asyncio.run(stage_module.offline_records(session.records)))
-    cfg.warm_start_dir.mkdir(parents=True)
-    (cfg.warm_start_dir / stage_module.WARM_START_RECORD).write_text(json.dumps({"key": key, "warm_start": {"x": 1}}))
+    folder.mkdir(parents=True)
+    (folder / stage_module.WARM_START_RECORD).write_text(json.dumps({"key": key, "warm_start": {"x": 1}}))
     assert asyncio.run(stage_module.cached_warm_start(session)) == {"x": 1}
-    rl_only = LocalStageConfig(**{**cfg.to_dict(), "steps": 3, "lr": 5e-3, "clip_eps_high": 0.3})
-    assert asyncio.run(stage_module.cached_warm_start(open_session(rl_only))) == {"x": 1}
+    rl_only = local_session(tmp_path, *cfg, "rollout.num_rollout=3", "algorithm.lr=5e-3", "algorithm.eps_clip_high=0.3")
+    assert asyncio.run(stage_module.cached_warm_start(rl_only)) == {"x": 1}
     data.write_text("".join(json.dumps({"prompt": f"another {i}", "label": "b"}) + "\n" for i in range(12)))
     assert asyncio.run(stage_module.cached_warm_start(session)) is None
 
@@ -110,14 +111,14 @@ def test_the_warm_start_key_holds_what_the_warm_start_reads(tmp_path):
 def test_a_published_adapter_is_the_peft_folder_a_chained_stage_continues(tiny_model_dir, tmp_path):
     import torch
 
-    cfg = LocalStageConfig(env="learnable", output_dir=str(tmp_path / "out"), progress=False)
-    trainer = PolicyTrainer.build(tiny_model_dir, open_session(cfg).policy.train, cfg.lora, seed=0)
+    policy = local_session(tmp_path, *LEARNABLE, "++cluster.local.progress=false").policy
+    trainer = PolicyTrainer.build(tiny_model_dir, policy.train, policy.lora, seed=0)
     with torch.no_grad():
         for name, param in trainer.model.named_parameters():
             if "lora_B" in name:
                 param.add_(0.01)  # a trained expert: B is no longer 0
     stage_module.write_folder(tmp_path / "adapter", stage_module.adapter_files(trainer.model))
-    chained = PolicyTrainer.build(tiny_model_dir, open_session(cfg).policy.train, cfg.lora, tmp_path / "adapter", 1)
+    chained = PolicyTrainer.build(tiny_model_dir, policy.train, policy.lora, tmp_path / "adapter", 1)
     mine = {n: p for n, p in trainer.model.named_parameters() if "lora" in n}
     theirs = {n: p for n, p in chained.model.named_parameters() if "lora" in n}
     assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)

@@ -12,10 +12,8 @@ from aclarena_envs.math.data import demo_turns as math_demo_turns
 from aclarena_envs.math.env import MathEnvironment
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED
-from aclarena_slime.local.config import LocalStageConfig
 from aclarena_slime.local.demos import demo_examples
 from aclarena_slime.local.records import demo_records, prompt_key, replay_mixture
-from aclarena_slime.local.session import open_session
 from aclarena_slime.local.sft import (
     ReferenceNll,
     SftError,
@@ -27,8 +25,12 @@ from aclarena_slime.local.sft import (
 )
 from aclarena_slime.local.stage import cached_warm_start, run_stage
 from aclarena_slime.rollout import Budgets
+from aclarena_slime.testing.local import LEARNABLE, local_session
 
 MATH_DEMOS = "aclarena_envs.math.data.demo_turns"
+
+# The SFT settings these tests do not vary: a micro-batch of 16, the low-variance KL estimate.
+SFT = {"micro_batch_size": 16, "kl_loss_type": "low_var_kl"}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,7 @@ def test_the_anchor_asks_its_frozen_reference_once_per_example_with_the_same_kl(
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     reference = _Counted(frozen_copy(model))
-    report = train_sft(model, math_examples, SftSettings(steps=16, batch_size=8, lr=3e-3, kl_coef=1.0), 0, 0,
+    report = train_sft(model, math_examples, SftSettings(steps=16, batch_size=8, lr=3e-3, kl_coef=1.0, **SFT), 0, 0,
                        reference)  # fmt: skip
     distinct = len({tuple(e.tokens) for e in math_examples})
     assert reference.sequences == distinct  # before: 16 x 8 for the steps and 16 more for kl_after
@@ -91,10 +93,10 @@ def test_the_anchor_asks_its_frozen_reference_once_per_example_with_the_same_kl(
 
 
 def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_model_dir, math_examples):
-    plain_settings = SftSettings(steps=8, batch_size=8, lr=3e-3)
+    plain_settings = SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=0.0, **SFT)
     plain, start, plain_report = _trained(tiny_model_dir, math_examples, plain_settings)
     anchored, _, report = _trained(
-        tiny_model_dir, math_examples, SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=1.0)
+        tiny_model_dir, math_examples, SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=1.0, **SFT)
     )
     plain_kl = mean_kl(plain, start, math_examples, pad_id=0)
     assert 0 < report["kl_after"] < plain_kl  # same data, seed and schedule: the anchor held the policy nearer
@@ -110,18 +112,18 @@ def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_mode
     again, _, _ = _trained(tiny_model_dir, math_examples, plain_settings, with_reference=False)
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), plain.parameters(), strict=True))
     with pytest.raises(SftError, match="reference"):
-        train_sft(plain, math_examples, SftSettings(steps=1, kl_coef=0.1), pad_id=0)
+        train_sft(plain, math_examples, SftSettings(steps=1, batch_size=16, lr=1e-3, kl_coef=0.1, **SFT), pad_id=0)
     with pytest.raises(SftError, match="kl_loss_type"):
-        SftSettings(kl_coef=0.1, kl_loss_type="k4")
+        SftSettings(steps=100, batch_size=16, lr=1e-3, micro_batch_size=16, kl_coef=0.1, kl_loss_type="k4")
 
 
-def _stage(tmp_path, **extra) -> LocalStageConfig:
-    return LocalStageConfig(**{
-        "env": "ifeval", "output_dir": str(tmp_path / "stage"), "steps": 1, "prompts_per_step": 2,
-        "samples_per_prompt": 2, "max_response_len": 48, "eval_size": 2, "torch_threads": 1, "progress": False,
-        "warm_start_steps": 2, "warm_start_records": 16, "warm_start_batch_size": 8,
-        "warm_start_demos": "aclarena_envs.ifeval.demo_answers.demo_turns", "full_finetune": True, **extra,
-    })  # fmt: skip
+IFEVAL_STAGE = (
+    *LEARNABLE, "data.env=ifeval", "+env_config.ifeval={}", "rollout.num_rollout=1", "rollout.rollout_batch_size=2",
+    "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=48", "++cluster.local.eval_size=2",
+    "++cluster.local.torch_threads=1", "++cluster.local.progress=false", "++cluster.local.warm_start_steps=2",
+    "++cluster.local.warm_start_records=16", "++cluster.local.warm_start_batch_size=8",
+    "++cluster.local.warm_start_demos=aclarena_envs.ifeval.demo_answers.demo_turns", "lora.enabled=false",
+)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -129,13 +131,12 @@ def test_the_replay_warm_start_trains_on_the_earlier_domains_demos(tmp_path):
     """Replay's share of the warm start's records are the earlier domain's (math), replayed through its own env at
     its own budget; the metrics say how many of each env went in. The anchored warm start reports its KL, and
     the GRPO phase's reference is the stage's start, not the warm-started model."""
-    replay = {
-        "enabled": True, "share": 0.25, "rule": "uniform", "current": "ifeval", "domains": ["math"],
-        "env_config": {"math": {"workers": 1}},
-        "warm_start": {"math": {"demos": MATH_DEMOS, "max_response_len": 32, "min_reward": None}},
-    }  # fmt: skip
-    cfg = _stage(tmp_path, replay=replay, kl_coef=0.1)
-    metrics = run_stage(cfg)
+    replay = ("++custom.aclarena_replay={enabled: true, share: 0.25, rule: uniform, current: ifeval, "
+              "data: {math: unused}, warm_start: {math: {demos: " + MATH_DEMOS + ", max_response_len: 32, "
+              "min_reward: null}}}", "++env_config.math.workers=1")  # fmt: skip
+    kl = ("algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.1")
+    cfg = (*IFEVAL_STAGE, *replay, *kl)
+    metrics = run_stage(local_session(tmp_path, *cfg))
     warm = metrics["warm_start"]
     assert warm["mixed"]["math"] == 4 and warm["replayed"]["math"]["records"] == 4  # a quarter of 16
     assert warm["replayed"]["math"]["kept"] == 4  # the math demos fit math's own budget
@@ -144,22 +145,23 @@ def test_the_replay_warm_start_trains_on_the_earlier_domains_demos(tmp_path):
     # The GRPO phase measures (and anchors) the policy against the stage's start: already apart at step 0.
     assert metrics["steps"][0]["kl_to_start"] > 0
     # The warm start depends on the replay and the KL term: a changed one is not the cached backbone.
-    assert asyncio.run(cached_warm_start(open_session(cfg))) is not None
-    assert asyncio.run(cached_warm_start(open_session(LocalStageConfig(**{**cfg.to_dict(), "kl_coef": 0.0})))) is None
-    assert asyncio.run(cached_warm_start(open_session(LocalStageConfig(**{**cfg.to_dict(), "replay": {}})))) is None
+    assert asyncio.run(cached_warm_start(local_session(tmp_path, *cfg))) is not None
+    assert asyncio.run(cached_warm_start(local_session(tmp_path, *IFEVAL_STAGE, *replay))) is None
+    assert asyncio.run(cached_warm_start(local_session(tmp_path, *IFEVAL_STAGE, *kl))) is None
 
 
-def test_replayed_records_are_never_an_earlier_domains_held_out_prompts():
-    cfg = LocalStageConfig(
-        env="ifeval", output_dir="unused", steps=8, prompts_per_step=16, eval_size=32, progress=False,
-        replay={"enabled": True, "share": 0.5, "current": "ifeval", "domains": ["math"], "env_config": {"math": {}}},
-    )  # fmt: skip
+def test_replayed_records_are_never_an_earlier_domains_held_out_prompts(tmp_path):
+    records = local_session(
+        tmp_path, *LEARNABLE, "data.env=ifeval", "+env_config.ifeval={}", "rollout.num_rollout=8",
+        "rollout.rollout_batch_size=16", "++cluster.local.eval_size=32", "++cluster.local.progress=false",
+        "++custom.aclarena_replay={enabled: true, share: 0.5, current: ifeval, data: {math: unused}}",
+    ).records  # fmt: skip
     own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(128)]
-    replayed = [r for r in replay_mixture(open_session(cfg).records, own, {"math": {}}) if r["metadata"]["env"] == "math"]
+    replayed = [r for r in replay_mixture(records, own, {"math": {}}) if r["metadata"]["env"] == "math"]
     env = MathEnvironment({})
     held_out = {prompt_key(r) for r in demo_records(env, 32, HELD_OUT_SEED)}
     assert len(replayed) == 64 and not {prompt_key(r) for r in replayed} & held_out
-    assert replay_mixture(open_session(cfg).records, own, {"math": {}}, per_step=8, domains=["search"]) is own  # no domain with demos
+    assert replay_mixture(records, own, {"math": {}}, per_step=8, domains=["search"]) is own  # no domain with demos
 
 
 @pytest.mark.slow
@@ -170,13 +172,15 @@ def test_a_stage_without_its_own_evaluations_trains_exactly_the_same(tmp_path):
 
     runs = {}
     for stage_eval in (True, False):
-        cfg = LocalStageConfig(
-            env="math", output_dir=str(tmp_path / str(stage_eval)), env_config={"workers": 1}, steps=2,
-            prompts_per_step=2, samples_per_prompt=4, max_response_len=16, eval_size=2, torch_threads=1,
-            progress=False, warm_start_steps=2, warm_start_records=8, warm_start_demos=MATH_DEMOS,
-            full_finetune=True, stage_eval=stage_eval,
+        session = local_session(
+            tmp_path / str(stage_eval), *LEARNABLE, "data.env=math", "++env_config.math.workers=1",
+            "rollout.num_rollout=2", "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=4",
+            "rollout.rollout_max_response_len=16", "++cluster.local.eval_size=2", "++cluster.local.torch_threads=1",
+            "++cluster.local.progress=false", "++cluster.local.warm_start_steps=2", "++cluster.local.warm_start_records=8",
+            f"++cluster.local.warm_start_demos={MATH_DEMOS}", "lora.enabled=false",
+            f"++cluster.local.stage_eval={str(stage_eval).lower()}",
         )  # fmt: skip
-        runs[stage_eval] = (run_stage(cfg), load_file(cfg.policy_dir / "model.safetensors"))
+        runs[stage_eval] = (run_stage(session), load_file(session.paths.policy_dir / "model.safetensors"))
     (full, full_weights), (bare, bare_weights) = runs[True], runs[False]
     assert full["eval_after"]["n"] == 2 and bare["eval_after"]["n"] == bare["eval_before"]["n"] == 0
     assert bare["eval_after"]["prompts"] == 0 and bare["eval_after"]["samples_per_prompt"] == 1

@@ -15,7 +15,7 @@ import yaml
 from aclarena_slime.launcher.backend import BackendUnavailable, choose_backend
 from aclarena_slime.launcher.services import ServiceError, is_ready, start_service, stop_service
 from aclarena_slime.launcher.stage import main
-from aclarena_slime.local.spec import local_config
+from aclarena_slime.local.session import open_session
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 from aclarena_slime.recipes.flags import known_flags
 
@@ -73,23 +73,26 @@ def test_backend_shorthand_selects_local(tmp_path: Path, capsys):
 
 def test_local_mapping_uses_the_recipe_and_cluster_local(tmp_path: Path):
     recipe = load_recipe(REPO / "recipes/mle_search.yaml", [f"paths.root={tmp_path}", "cluster=local"])
-    cfg = local_config(recipe)
+    session = open_session(recipe)
     search = yaml.safe_load((REPO / "recipes/env/local/search.yaml").read_text())  # the profile, then the env's own
-    assert cfg.env == "search" and cfg.model == "tiny" and cfg.steps == search["rollout"]["num_rollout"]
-    assert cfg.prompts_per_step == search["rollout"]["rollout_batch_size"]
-    assert (cfg.lora.rank, cfg.lora.alpha, cfg.expert_name) == (16, 32.0, "search")
-    assert "q_proj" in cfg.lora.hf_target_modules()  # Megatron names translated for PEFT
-    assert cfg.env_config["max_turns"] == 5  # the recipe's env settings, under the local profile's (topk: 1)
-    assert cfg.env_config["topk"] == 1
-    assert cfg.output_dir == str(tmp_path / "runs" / "mle_search" / "local")
+    assert session.env == "search" and session.model.source == "tiny"
+    assert session.loop.steps == search["rollout"]["num_rollout"]
+    assert session.loop.sampling.prompts_per_step == search["rollout"]["rollout_batch_size"]
+    lora = session.policy.lora
+    assert (lora.rank, lora.alpha, session.policy.name) == (16, 32.0, "search")
+    assert "q_proj" in lora.hf_target_modules()  # Megatron names translated for PEFT
+    env_config = session.records.env_config
+    assert env_config["max_turns"] == 5  # the recipe's env settings, under the local profile's (topk: 1)
+    assert env_config["topk"] == 1
+    assert session.paths.output_dir == tmp_path / "runs" / "mle_search" / "local"
     with pytest.raises(RecipeError, match="Key 'stepz' not in 'LocalBackendSettings'"):
-        local_config(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
+        open_session(load_recipe(REPO / "recipes/stage1_math.yaml", ["cluster=local", "++cluster.local.stepz=3"]))
     with pytest.raises(RecipeError, match="RL stages and SFT warm starts"):
-        local_config(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))
-    warm = local_config(
+        open_session(load_recipe(REPO / "recipes/sdft_backbone.yaml", ["cluster=local"]))
+    warm = open_session(
         load_recipe(REPO / "recipes/stage2_search_sft.yaml", ["cluster=local", f"paths.root={tmp_path}"])
     )
-    assert warm.env == "search" and warm.output_dir == str(tmp_path / "runs" / "stage2_search_sft" / "local")
+    assert warm.env == "search" and warm.paths.output_dir == tmp_path / "runs" / "stage2_search_sft" / "local"
 
 
 def _free_port() -> int:
@@ -236,10 +239,10 @@ def test_a_sampled_local_evaluation_is_named_before_the_held_out_line(tmp_path: 
     from aclarena_slime.launcher.stage import StageResult, finished_text
 
     def reward(value: float, k: int) -> dict:
-        return {"n": 4 * k, "mean_reward": value, "excluded": 0, "prompts": 4, "samples_per_prompt": k}
+        how = {"temperature": 1.0, "top_p": 0.7} if k > 1 else {"temperature": 0.0, "top_p": 1.0}
+        return {"n": 4 * k, "mean_reward": value, "excluded": 0, "prompts": 4, "samples_per_prompt": k, **how}
 
     metrics = {
-        "config": {"eval_temperature": 1.0, "eval_top_p": 0.7},
         "eval_before": reward(0.0, 8), "eval_warm_start": reward(0.25, 8), "eval_after": reward(0.5, 8),
         "eval_greedy": {"before": reward(0.25, 1), "after": reward(0.75, 1)},
     }  # fmt: skip

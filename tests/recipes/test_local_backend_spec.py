@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aclarena_slime.launcher.stage import local_profile, main, normalise_overrides
-from aclarena_slime.local.spec import local_config
+from aclarena_slime.local.session import open_session
 from aclarena_slime.recipes.compose import RecipeError, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,16 +19,19 @@ MATH = str(REPO / "recipes/stage1_math.yaml")
 def stage_sh_local(recipe: str, *overrides: str):
     """What ``launch/stage.sh RECIPE OVERRIDES`` builds on a machine where the local backend is chosen."""
     items = normalise_overrides(list(overrides))
-    return local_config(load_recipe(recipe, items, local_profile(items)))
+    return open_session(load_recipe(recipe, items, local_profile(items)))
 
 
 def test_command_line_overrides_reach_the_local_stage(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = stage_sh_local(MATH, "algorithm.lr=5e-3", "rollout.n_samples_per_prompt=2")
-    assert (cfg.lr, cfg.samples_per_prompt) == (5e-3, 2)
+    session = stage_sh_local(MATH, "algorithm.lr=5e-3", "rollout.n_samples_per_prompt=2")
+    sampling = session.loop.sampling
+    assert (session.policy.train.lr, sampling.groups.samples) == (5e-3, 2)
     # The rest comes from the local profile (recipes/profile/local.yaml, recipes/env/local/math.yaml).
-    assert (cfg.steps, cfg.prompts_per_step, cfg.max_response_len, cfg.model) == (16, 8, 32, "tiny")
-    assert cfg.output_dir == str(tmp_path / "runs" / "stage1_math" / "local")
+    assert (session.loop.steps, sampling.prompts_per_step, sampling.groups.max_new_tokens, session.model.source) == (
+        16, 8, 32, "tiny"
+    )  # fmt: skip
+    assert session.paths.output_dir == tmp_path / "runs" / "stage1_math" / "local"
 
 
 def test_dry_run_prints_the_overridden_local_settings(tmp_path: Path, capsys):
@@ -39,9 +42,9 @@ def test_dry_run_prints_the_overridden_local_settings(tmp_path: Path, capsys):
     assert "GRPO (3 steps x 5 prompts x 2 samples)" in out and "ray job submit" not in out
     plan = out[out.index("#   {") :]
     settings = json.loads("\n".join(line[4:] for line in plan.splitlines()))
-    assert (settings["lr"], settings["samples_per_prompt"], settings["steps"], settings["prompts_per_step"]) == (
-        5e-3, 2, 3, 5
-    )  # fmt: skip
+    rollout = settings["rollout"]
+    assert (settings["algorithm"]["lr"], rollout["n_samples_per_prompt"], rollout["num_rollout"],
+            rollout["rollout_batch_size"]) == (5e-3, 2, 3, 5)  # fmt: skip
 
 
 def test_recipe_sections_map_onto_the_local_stage(tmp_path: Path):
@@ -52,14 +55,18 @@ def test_recipe_sections_map_onto_the_local_stage(tmp_path: Path):
          "lora.rank=4", "lora.dropout=0.1",
          "custom.aclarena_response_budget=per_turn"],
     )  # fmt: skip
-    cfg = local_config(recipe)
-    assert (cfg.temperature, cfg.clip_eps_low, cfg.clip_eps_high) == (0.7, 0.2, 0.3)
-    assert (cfg.eval_temperature, cfg.eval_budget, cfg.eval_samples, cfg.response_budget) == (0.5, 64, 3, "per_turn")
-    assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.expert_name) == (4, 32.0, 0.1, "search")
-    assert cfg.lora.hf_target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    session = open_session(recipe)
+    loss, evaluation, lora = session.policy.train.loss, session.loop.evaluation, session.policy.lora
+    assert (session.policy.train.temperature, loss.clip_low, loss.clip_high) == (0.7, 0.2, 0.3)
+    assert (evaluation.temperature, evaluation.max_new_tokens, evaluation.samples, session.engine.budgets.mode) == (
+        0.5, 64, 3, "per_turn"
+    )  # fmt: skip
+    assert (lora.rank, lora.alpha, lora.dropout, session.policy.name) == (4, 32.0, 0.1, "search")
+    assert lora.hf_target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     # The env's local part: its demo turns, its budget, the demo corpus instead of the retriever service.
-    assert cfg.warm_start_demos == "aclarena_envs.search.data.demo_turns" and cfg.max_response_len == 256
-    assert cfg.env_config["retriever_url"] is None and cfg.env_config["topk"] == 1
+    assert session.warm_start.demos == "aclarena_envs.search.data.demo_turns"
+    assert session.engine.budgets.max_response_len == 256
+    assert session.records.env_config["retriever_url"] is None and session.records.env_config["topk"] == 1
 
 
 @pytest.mark.parametrize(
@@ -68,8 +75,9 @@ def test_recipe_sections_map_onto_the_local_stage(tmp_path: Path):
 )
 def test_the_local_profile_evaluates_as_the_authors_do(stage: str, temperature, top_p, samples, tmp_path: Path):
     """Sampled at the rollout temperature, IFEval at top-p 0.7 (recipes/eval/paper.yaml), 8 samples per prompt."""
-    cfg = local_config(load_recipe(REPO / f"recipes/{stage}.yaml", [f"paths.root={tmp_path}", "cluster=local"]))
-    assert (cfg.eval_temperature, cfg.eval_top_p, cfg.eval_samples) == (temperature, top_p, samples)
+    session = open_session(load_recipe(REPO / f"recipes/{stage}.yaml", [f"paths.root={tmp_path}", "cluster=local"]))
+    evaluation = session.loop.evaluation
+    assert (evaluation.temperature, evaluation.top_p, evaluation.samples) == (temperature, top_p, samples)
 
 
 def test_the_local_retail_stage_evaluates_one_episode_per_task_at_0_7(tmp_path: Path):
@@ -103,19 +111,20 @@ def test_the_local_profile_names_no_env_tag():
 )  # fmt: skip
 def test_a_setting_the_local_backend_cannot_run_is_an_error_naming_it(override: str, named: str, tmp_path: Path):
     with pytest.raises(RecipeError, match=named.replace(".", r"\.")):
-        local_config(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", *override.split()]))
+        open_session(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", *override.split()]))
 
 
 def test_kl_and_full_fine_tuning_map_onto_the_local_stage(tmp_path: Path):
     """The paper's sequential recipe runs as it is: full fine-tuning, AdamW as the recipe says, its KL term."""
     recipe = load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "algorithm.use_kl_loss=true",
                                 "algorithm.weight_decay=0.1", "algorithm.adam_beta2=0.98"])  # fmt: skip
-    cfg = local_config(recipe)
-    assert cfg.full_finetune and cfg.policy_dir.name == "model"  # stage1_math: lora.enabled=false
-    assert (cfg.kl_coef, cfg.kl_loss_type) == (0.01, "low_var_kl")
-    assert (cfg.weight_decay, cfg.adam_beta2) == (0.1, 0.98)
-    off = local_config(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "lora=r16_a32"]))
-    assert not off.full_finetune and off.kl_coef == 0.0  # the local profile: no KL unless asked
+    session = open_session(recipe)
+    train = session.policy.train
+    assert session.policy.full and session.paths.policy_dir.name == "model"  # stage1_math: lora.enabled=false
+    assert (train.loss.kl_coef, train.loss.kl_loss_type) == (0.01, "low_var_kl")
+    assert (train.weight_decay, train.adam_betas[1]) == (0.1, 0.98)
+    off = open_session(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "lora=r16_a32"]))
+    assert not off.policy.full and off.policy.train.loss.kl_coef == 0.0  # the local profile: no KL unless asked
 
 
 def test_the_slime_command_is_the_recipe_without_the_local_profile(tmp_path: Path):
@@ -130,30 +139,29 @@ def test_each_local_setting_comes_from_one_place():
     key's (RECIPE_KEYS), never both (the tiny model's shape is the backend's: cluster.local.tiny_hidden_size)."""
     import dataclasses
 
-    from aclarena_slime.local.config import LocalStageConfig
     from aclarena_slime.local.spec import RECIPE_KEYS
     from aclarena_slime.recipes.local_section import LocalBackendSettings
 
     backend = {f.name for f in dataclasses.fields(LocalBackendSettings)}
-    assert not backend & set(RECIPE_KEYS)
-    assert {f.name for f in dataclasses.fields(LocalStageConfig)} == backend | set(RECIPE_KEYS)
+    assert not backend & {key.rsplit(".", 1)[-1] for key in RECIPE_KEYS}
 
 
 def test_the_recipes_dynamic_sampling_reaches_the_local_stage(tmp_path: Path, monkeypatch, capsys):
     """The authors' group filter and over-sampling (the paper recipes' rollout keys) run locally as set; the local
     profile leaves them off unless an env's local settings or the command line turn them on."""
     monkeypatch.chdir(tmp_path)
-    assert stage_sh_local(MATH).group_filter is None and not stage_sh_local(MATH).dynamic_sampling
+    plain = stage_sh_local(MATH)
+    assert plain.loop.sampling.group_filter is None and not plain.loop.dynamic_sampling
     filt = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
-    cfg = stage_sh_local(MATH, f"rollout.dynamic_sampling_filter_path={filt}", "rollout.over_sampling_batch_size=16",
-                         "++cluster.local.max_sampling_rounds=2")  # fmt: skip
-    assert (cfg.group_filter, cfg.over_sampling_prompts, cfg.prompts_per_round, cfg.max_sampling_rounds) == (
-        filt, 16, 16, 2
-    )  # fmt: skip
+    session = stage_sh_local(MATH, f"rollout.dynamic_sampling_filter_path={filt}", "rollout.over_sampling_batch_size=16",
+                             "++cluster.local.max_sampling_rounds=2")  # fmt: skip
+    sampling = session.loop.sampling
+    assert (sampling.group_filter.path, sampling.prompts_per_round, sampling.max_rounds) == (filt, 16, 2)
     no_tool = "aclarena_slime.slime_edge.rollout.drop_no_tool"
     search = stage_sh_local(str(REPO / "recipes/stage2_search.yaml"), f"rollout.dynamic_sampling_filter_path={no_tool}",
                             "+custom.aclarena_filters.max_no_tool_fraction=0.5")  # fmt: skip
-    assert search.group_filter == no_tool and search.filter_settings == {"max_no_tool_fraction": 0.5}
+    group_filter = search.loop.sampling.group_filter
+    assert group_filter.path == no_tool and group_filter.settings.max_no_tool_fraction == 0.5
     assert main([MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local",
                  f"rollout.dynamic_sampling_filter_path={filt}", "rollout.over_sampling_batch_size=16"]) == 0  # fmt: skip
     assert f"groups kept by {filt}, sampled 16 prompts a round, at most 4 rounds a step" in capsys.readouterr().out
@@ -165,32 +173,33 @@ def test_the_recipes_optimiser_batch_reaches_the_local_stage(tmp_path: Path, mon
     key on the command line runs slime's split."""
     monkeypatch.chdir(tmp_path)
     plain = stage_sh_local(MATH)
-    assert plain.steps_per_rollout == 1  # 8 prompts x 8 samples, one optimiser step
+    assert plain.policy.train.minibatches == 1  # 8 prompts x 8 samples, one optimiser step
     two = stage_sh_local(MATH, "rollout.num_steps_per_rollout=2")
-    assert two.steps_per_rollout == 2
+    assert two.policy.train.minibatches == 2
     by_size = stage_sh_local(MATH, "rollout.num_steps_per_rollout=null", "rollout.global_batch_size=16")
-    assert by_size.steps_per_rollout == 4  # 64 rollouts of 16
+    assert by_size.policy.train.minibatches == 4  # 64 rollouts of 16
     paper = load_recipe(MATH, [f"paths.root={tmp_path}"]).rollout
     assert paper.samples_per_update() == 2048 and 256 * 16 // 2048 == 2
     assert main([MATH, "--dry-run", f"paths.root={tmp_path}", "backend=local", "rollout.num_steps_per_rollout=2"]) == 0
     assert "2 optimiser steps of 32 samples a step" in capsys.readouterr().out
     warm = stage_sh_local(str(REPO / "recipes/stage2_search_sft.yaml"), "rollout.num_steps_per_rollout=2")
-    assert warm.kind == "sft" and warm.steps_per_rollout == 2  # an SFT stage takes slime's split too
+    assert warm.kind == "sft" and warm.sft.steps_per_epoch == 2  # an SFT stage takes slime's split too
 
 
 def test_a_variant_stage_builds_on_the_local_backend_and_its_records_carry_the_variant(tmp_path: Path):
     pytest.importorskip("reasoning_gym")
     from aclarena_slime.local.records import demo_records
-    from aclarena_slime.local.spec import _local_env
+    from aclarena_slime.local.run import _local_env
     from aclarena_slime.plugin.registry import get_environment
 
     variant = "reasoning_gym-word_sorting"
-    cfg = stage_sh_local(str(REPO / "recipes/reasoning_gym.yaml"), f"paths.root={tmp_path}", f"data.env={variant}",
-                         f"++env_config.{variant}.tasks=word_sorting")  # fmt: skip
-    assert (cfg.env, dict(cfg.env_config)) == (variant, {"tasks": "word_sorting"})
-    assert cfg.warm_start_demos == "aclarena_envs.reasoning_gym.data.demo_turns" and cfg.warm_start_steps > 0
-    assert cfg.output_dir == str(tmp_path / "runs" / variant / "local")
-    records = demo_records(get_environment(cfg.env, cfg.env_config), 3, seed=0)  # the local stage's own check
+    session = stage_sh_local(str(REPO / "recipes/reasoning_gym.yaml"), f"paths.root={tmp_path}", f"data.env={variant}",
+                             f"++env_config.{variant}.tasks=word_sorting")  # fmt: skip
+    assert (session.env, dict(session.records.env_config)) == (variant, {"tasks": "word_sorting"})
+    warm = session.warm_start
+    assert warm is not None and warm.demos == "aclarena_envs.reasoning_gym.data.demo_turns" and warm.sft.steps > 0
+    assert session.paths.output_dir == tmp_path / "runs" / variant / "local"
+    records = demo_records(get_environment(session.env, session.records.env_config), 3, seed=0)  # the stage's own check
     assert {(r["metadata"]["env"], r["metadata"]["task"]) for r in records} == {(variant, "word_sorting")}
     # a parallel-MLE expert of a variant gets its plugin's local env settings
     assert _local_env("retail-small") == _local_env("retail") != {}

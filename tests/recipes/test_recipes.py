@@ -285,18 +285,18 @@ def test_mle_experts_load_the_authors_sdft_iteration(tmp_path: Path):
 @pytest.mark.parametrize("path", ENV_PROFILES, ids=lambda p: str(p.relative_to(RECIPES)))
 def test_each_env_part_of_a_backend_profile_maps_onto_its_backend(path: Path, tmp_path: Path):
     """recipes/env/local/<tag>.yaml: composed by cluster=local for a stage of that env, mapped without error."""
-    from aclarena_slime.local.spec import local_config
+    from aclarena_slime.local.session import open_session
 
     profile, tag = path.parent.name, path.stem
     assert profile == "local"  # the one backend profile so far
     stage = next(p for p in STAGE_RECIPES if load_recipe(p, [f"paths.root={tmp_path}"]).data.env == tag)
     recipe = load_recipe(stage, [f"paths.root={tmp_path}", "cluster=local"])
     part = yaml.safe_load(path.read_text())
-    cfg = local_config(recipe)
+    session = open_session(recipe)
     if "rollout" in part:
-        assert cfg.max_response_len == part["rollout"]["rollout_max_response_len"]
+        assert session.engine.budgets.max_response_len == part["rollout"]["rollout_max_response_len"]
     for key, value in part.get("cluster", {}).get("local", {}).items():
-        assert getattr(cfg, key) == value, key
+        assert session.settings["local"][key] == value, key
 
 
 def test_the_optimiser_batch_is_checked_as_slime_asserts_it(tmp_path: Path):
