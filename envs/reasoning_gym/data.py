@@ -54,9 +54,10 @@ def dataset(task: str, seed: int, size: int, config: Mapping[str, Any] | None = 
 
     reasoning-gym draws entry ``k`` at ``seed + k``, so seeds ``s`` and ``s + 1`` would give one sequence shifted by an
     entry (and a held-out seed 10,007 the 10,007th training entry on): the generator gets a seed hashed from the
-    record seed and the task, and seeds draw apart."""
-    digest = hashlib.blake2b(f"{task}:{seed}".encode(), digest_size=6).digest()
-    return library().create_dataset(task, size=size, seed=int.from_bytes(digest, "big"), **dict(config or {}))
+    record seed and the task, and seeds draw apart (below 2**31: some tasks seed numpy with it plus the entry, which
+    must stay below 2**32)."""
+    digest = hashlib.blake2b(f"{task}:{seed}".encode(), digest_size=4).digest()
+    return library().create_dataset(task, size=size, seed=int.from_bytes(digest, "big") >> 1, **dict(config or {}))
 
 
 def records(

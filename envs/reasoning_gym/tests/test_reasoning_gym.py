@@ -69,6 +69,7 @@ def test_two_seeds_draw_different_entries_not_one_sequence_shifted():
     assert len(prompts[0] & prompts[1]) <= 1 and len(prompts[0] & prompts[100]) <= 1
     held_out = {r["prompt"] for r in data.records("rotate_matrix", 128, 10_007, config)}
     assert len({r["prompt"] for r in data.records("rotate_matrix", 2048, 0, config)} & held_out) <= 1
+    assert len(data.records("pool_matrix", 4, seed=7)) == 4  # a task that seeds numpy with its seed plus the entry
 
 
 async def test_a_record_whose_question_the_generator_no_longer_makes_is_scored_on_its_label():
