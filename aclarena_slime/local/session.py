@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aclarena_slime.local.config import EngineSettings, LocalConfigError, adapter_backbone
 from aclarena_slime.local.parts import LossSettings, Sampling, SftSettings, StepSampling, TrainSettings
 from aclarena_slime.local.records import RecordSettings
-from aclarena_slime.local.spec import check_honoured, check_known, steps_per_rollout
+from aclarena_slime.local.spec import check_local, steps_per_rollout
 from aclarena_slime.local.tiny_model import TinyShape
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.recipes.compose import RecipeError
@@ -160,16 +160,10 @@ class LocalSession:
 def open_session(recipe: StageRecipe) -> LocalSession:
     """The builder: a typed stage recipe (``cluster.local`` included) into the stage's parts, each setting read here
     once, by one line. What the local backend cannot run is a :class:`RecipeError` naming the setting (the kinds it
-    runs, :func:`~aclarena_slime.local.spec.check_honoured`, :func:`~aclarena_slime.local.spec.check_known`, and the
+    runs and the keys it reads, :func:`~aclarena_slime.local.spec.check_local`, and the
     values below); an env without gold demos, or a stage continuing ``base_adapter``, runs without the warm start
     (a warning says so)."""
-    if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None):
-        raise RecipeError(
-            f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
-            f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
-        )
-    check_honoured(recipe)
-    check_known(recipe)
+    check_local(recipe)
     from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 
     algorithm, rollout, data, local, custom = recipe.algorithm, recipe.rollout, recipe.data, recipe.cluster.local, recipe.custom

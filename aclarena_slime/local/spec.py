@@ -7,7 +7,7 @@ allow-list). ``cluster.local`` holds only what is the backend's own
 (:class:`~aclarena_slime.recipes.local_section.LocalBackendSettings`: model, threads, engine, concurrency,
 warm start, ...; typed and checked when the recipe composes). A recipe setting the
 local backend cannot run is an error naming the setting, or a warning where running without it is the
-honest choice (``UNHONOURED``); so is every key it would leave aside (:func:`check_known`: the allow-list
+honest choice (``UNHONOURED``); so is every key it would leave aside (:func:`check_local`: the allow-list
 ``INERT`` and ``EXTRA_KEYS``, ``extra`` included); the local profile (``recipes/profile/local.yaml``) sets each of them to
 what the backend runs, so a paper recipe composes cleanly and only an override that asks for more trips
 the check.
@@ -75,8 +75,17 @@ EXTRA_KEYS: dict[str, dict[str, tuple[tuple[Any, ...] | None, str]]] = {
 }
 
 
-def check_honoured(recipe: StageRecipe) -> None:
-    """Refuse (or warn about) each recipe setting the local backend cannot run, naming it."""
+def check_local(recipe: StageRecipe) -> None:
+    """Refuse, naming it, what the local backend cannot run: a kind other than RL or an SFT warm start; a setting
+    it runs one way only (:data:`UNHONOURED`: an error, or a warning where running without it is the honest choice);
+    and every key it would leave aside: an algorithm or rollout field neither read (:data:`RECIPE_KEYS`,
+    :data:`UNHONOURED`) nor :data:`INERT` and not at its default, and every key of ``algorithm.extra`` or the stage's
+    ``extra`` outside :data:`EXTRA_KEYS` (null counts as unset)."""
+    if recipe.kind not in ("rl", "sft") or (recipe.kind == "sft" and recipe.custom.aclarena_sft_filter is None):
+        raise RecipeError(
+            f"the local backend runs RL stages and SFT warm starts (custom.aclarena_sft_filter); "
+            f"{recipe.name} is kind {recipe.kind!r}" + (" without a warm-start filter" if recipe.kind == "sft" else "")
+        )
     for key, honoured, error, why in UNHONOURED:
         value = operator.attrgetter(key)(recipe)
         if value in honoured:
@@ -87,12 +96,6 @@ def check_honoured(recipe: StageRecipe) -> None:
         if error:
             raise RecipeError(f"{recipe.name}: {message}")
         warnings.warn(f"{recipe.name}: {message}", stacklevel=3)
-
-
-def check_known(recipe: StageRecipe) -> None:
-    """Refuse, naming it, every key the local backend would leave aside: an algorithm or rollout field neither
-    read (:data:`RECIPE_KEYS`, :data:`UNHONOURED`) nor :data:`INERT` and not at its default, and every key of
-    ``algorithm.extra`` or the stage's ``extra`` outside :data:`EXTRA_KEYS` (null counts as unset)."""
     for section in ("algorithm", "rollout"):
         value, default = getattr(recipe, section), type(getattr(recipe, section))()
         for f in dataclasses.fields(value):

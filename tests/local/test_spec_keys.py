@@ -95,7 +95,7 @@ def test_every_algorithm_and_rollout_key_is_read_inert_or_refused_unless_default
 
 
 def test_the_allow_list_is_what_the_stages_builder_reads():
-    """RECIPE_KEYS (what check_known lets through) names exactly the recipe sections' keys the builder reads
+    """RECIPE_KEYS (what check_local lets through) names exactly the recipe sections' keys the builder reads
     (aclarena_slime/local/session.py; the optimiser steps a rollout: spec.steps_per_rollout), so a setting read
     without being allowed, or allowed without being read, fails here."""
     source = (REPO / "aclarena_slime" / "local" / "session.py").read_text(encoding="utf-8")
