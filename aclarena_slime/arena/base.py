@@ -82,9 +82,9 @@ def build_base(sessions: Sequence[LocalSession], settings: BaseSettings, out: Pa
         found, report = asyncio.run(_examples(session, start))
         examples += found
         replays[session.env] = report
-    sft = SftSettings(steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr,
-                      micro_batch_size=first.policy.train.micro_batch_size, kl_coef=0.0,  # the base has no anchor
-                      kl_loss_type=first.policy.train.loss.kl_loss_type)  # fmt: skip
+    train = first.policy.train
+    sft = SftSettings(steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr, backprop=train.backprop,
+                      kl=dataclasses.replace(train.loss.kl, coef=0.0))  # the base has no anchor  # fmt: skip
     backbone, report = warm_start(start, examples, sft, model, seed)
     write_json_atomic(out / REPORT, {"seed": seed, "settings": dataclasses.asdict(settings), "demos": replays,
                                      "sft": report})  # fmt: skip

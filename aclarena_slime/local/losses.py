@@ -35,7 +35,7 @@ from aclarena_slime.local.parts import LossSettings
 class LossTerms:
     """A batch's loss and its parts, each as the step's numerator (see :func:`denominator`)."""
 
-    loss: torch.Tensor  # what is backpropagated: pg_loss + kl_coef * kl
+    loss: torch.Tensor  # what is backpropagated: pg_loss + kl.coef * kl
     pg_loss: torch.Tensor
     clipped: torch.Tensor  # the share of clipped tokens, aggregated as the loss is
     kl: torch.Tensor
@@ -72,7 +72,7 @@ def policy_loss(
     settings: LossSettings,
     ref_log_probs: torch.Tensor | None = None,
 ) -> LossTerms:
-    """The batch's clipped policy loss (and KL term, with ``settings.kl_coef``), aggregated as the recipe says.
+    """The batch's clipped policy loss (and KL term, with ``settings.kl``), aggregated as the recipe says.
 
     ``advantages`` are per token ([B, T], the sample's advantage on each). ``ref_log_probs`` are needed only with
     a KL term."""
@@ -87,8 +87,8 @@ def policy_loss(
     pg_loss = aggregate(torch.maximum(unclipped, clipped), mask, settings.per_token)
     clip_frac = aggregate((clipped > unclipped).float(), mask, settings.per_token)
     kl = torch.zeros(())
-    if settings.kl_coef:
+    if settings.kl.coef:
         if ref_log_probs is None:
-            raise ValueError("a KL term (kl_coef > 0) needs the reference policy's log-probs")
-        kl = aggregate(approx_kl(new_log_probs, ref_log_probs, settings.kl_loss_type), mask, settings.per_token)
-    return LossTerms(loss=pg_loss + settings.kl_coef * kl, pg_loss=pg_loss, clipped=clip_frac, kl=kl)
+            raise ValueError("a KL term (kl.coef > 0) needs the reference policy's log-probs")
+        kl = aggregate(approx_kl(new_log_probs, ref_log_probs, settings.kl.kind), mask, settings.per_token)
+    return LossTerms(loss=pg_loss + settings.kl.coef * kl, pg_loss=pg_loss, clipped=clip_frac, kl=kl)

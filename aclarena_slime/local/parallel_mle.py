@@ -61,7 +61,7 @@ SHARED: dict[str, Callable[[LocalSession], Any]] = {
     "engine_host": lambda s: s.engine.host,
     "engine_port": lambda s: s.engine.port,
     "torch_threads": lambda s: s.model.torch_threads,
-    "micro_batch_size": lambda s: s.policy.train.micro_batch_size,
+    "micro_batch_size": lambda s: s.policy.train.backprop.micro_batch_size,
     "max_response_len": lambda s: s.engine.budgets.max_response_len,
     "response_budget": lambda s: s.engine.budgets.mode,
 }

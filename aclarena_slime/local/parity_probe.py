@@ -62,6 +62,7 @@ def probe_session(session: LocalSession, scratch: Path) -> LocalSession:
         records=dataclasses.replace(records, train_prompts=loop.steps * sampling.prompts_per_round,
                                     warm_start_records=0, prompts_per_step=PROMPTS),  # fmt: skip
         loop=dataclasses.replace(loop, sampling=sampling, evaluation=evaluation),
+        policy=dataclasses.replace(session.policy, train=dataclasses.replace(session.policy.train, rollouts=groups)),
         warm_start=None,
         settings={**settings, **sizes},
     )

@@ -18,26 +18,62 @@ if TYPE_CHECKING:
 ESTIMATORS = ("grpo", "gspo")  # slime's advantage estimators the local trainer runs
 
 
+@dataclass(frozen=True)
+class KlTerm:
+    """The KL term to the reference policy (the stage's start): ``coef`` times slime's ``kind`` estimate
+    (``algorithm.kl_loss_coef`` under ``use_kl_loss``, ``algorithm.kl_loss_type``); ``coef`` 0: none. A GRPO step's
+    loss and the warm start's SFT hold the stage's one term."""
+
+    coef: float
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KL_TYPES:
+            raise ValueError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kind!r}")
+        if self.coef < 0:
+            raise ValueError(f"kl_loss_coef must be >= 0, got {self.coef!r}")
+
+
+@dataclass(frozen=True)
+class Backprop:
+    """How an optimiser step's batch goes through the model: ``micro_batch_size`` sequences a forward and backward
+    (the memory knob: their gradients add up to the batch's), then the gradient clipped to ``max_grad_norm``. A
+    GRPO step and an SFT step run alike."""
+
+    micro_batch_size: int
+    max_grad_norm: float = 1.0  # slime's clip_grad default; no recipe key sets it
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool) or self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be a positive integer, got {self.micro_batch_size!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LossSettings:
     """The recipe's loss: ``algorithm.advantage_estimator``, ``algorithm.extra.calculate_per_token_loss``, the
-    clip range (``eps_clip``, ``eps_clip_high``) and the KL term (``kl_loss_coef`` with ``use_kl_loss``,
-    ``kl_loss_type``)."""
+    clip range (``eps_clip``, ``eps_clip_high``) and the KL term."""
 
     estimator: str
     per_token: bool
     clip_low: float
     clip_high: float
-    kl_coef: float
-    kl_loss_type: str
+    kl: KlTerm
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"advantage_estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
-        if self.kl_loss_type not in KL_TYPES:
-            raise ValueError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a set of rollouts is drawn: ``samples`` a prompt at ``temperature`` / ``top_p``, ``max_new_tokens``
+    each, sample ``j`` of prompt ``i`` seeded from ``seed`` and its number."""
+
+    samples: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,11 +87,10 @@ class TrainSettings:
     lr: float
     adam_betas: tuple[float, float]
     weight_decay: float
-    temperature: float  # the rollouts' sampling temperature: the log-probs are of the same distribution
+    rollouts: Sampling  # how the rollouts it trains on were drawn: its log-probs are of the same distribution
     updates_per_step: int  # passes over a step's rollouts (PPO epochs; the local backend's own)
     minibatches: int  # optimiser steps per pass, each on a contiguous part (slime's num_steps_per_rollout)
-    micro_batch_size: int
-    max_grad_norm: float = 1.0  # slime's clip_grad default; no recipe key sets it
+    backprop: Backprop
 
     def __post_init__(self) -> None:
         if self.minibatches < 1:
@@ -68,45 +103,27 @@ class SftError(ValueError):
 
 @dataclass(frozen=True)
 class SftSettings:
-    """``steps`` optimiser steps of ``batch_size`` examples each (seeded epochs over the examples). The recipe's
-    settings have no defaults here: the stage's builder (:func:`aclarena_slime.local.session.open_session`) fills
-    them from ``cluster.local`` and the recipe's KL term."""
+    """``steps`` optimiser steps of ``batch_size`` examples each (seeded epochs over the examples), run as
+    ``backprop`` says, with the stage's KL term (``kl``). The recipe's settings have no defaults here: the stage's
+    builder (:func:`aclarena_slime.local.session.open_session`) fills them from ``cluster.local`` and the recipe."""
 
     steps: int
     batch_size: int
     lr: float
-    micro_batch_size: int
-    kl_coef: float  # > 0: the KL term to the reference policy (the stage's start), as in GRPO
-    kl_loss_type: str
-    max_grad_norm: float = 1.0
+    backprop: Backprop
+    kl: KlTerm
     weight_decay: float = 0.0
     # The report's NLL before and after SFT is measured on the first this many examples: enough to say whether SFT
     # fitted them; all of the search warm start's 2048 took 16 s of the main command, twice a forward over them.
     nll_examples: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "micro_batch_size", "nll_examples"):
+        for name in ("steps", "batch_size", "nll_examples"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SftError(f"{name} must be a positive integer, got {value!r}")
         if self.lr <= 0:
             raise SftError(f"lr must be positive, got {self.lr!r}")
-        if self.kl_coef < 0:
-            raise SftError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
-        if self.kl_loss_type not in KL_TYPES:
-            raise SftError(f"kl_loss_type must be one of {', '.join(KL_TYPES)}, got {self.kl_loss_type!r}")
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a set of rollouts is drawn: ``samples`` a prompt at ``temperature`` / ``top_p``, ``max_new_tokens``
-    each, sample ``j`` of prompt ``i`` seeded from ``seed`` and its number."""
-
-    samples: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def local_plan(session: LocalSession) -> str:
             grpo += f"; {minibatches} optimiser steps of {per_update} samples a step"
         phases.append(f"GRPO ({grpo})")
     kind = "full fine-tuning (every parameter)" if policy.full else f"LoRA expert {policy.name!r}"
-    kl = f"KL {loss.kl_loss_type} x {loss.kl_coef} to the starting policy" if loss.kl_coef else "no KL term"
+    kl = f"KL {loss.kl.kind} x {loss.kl.coef} to the starting policy" if loss.kl.coef else "no KL term"
     lines = [
         f"# local plan: env {session.env}, model {session.model.source}, seed {session.seed}",
         f"# phases: {' -> '.join(phases)}",

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.local.config import EngineSettings, LocalConfigError, adapter_backbone
-from aclarena_slime.local.parts import LossSettings, Sampling, SftSettings, StepSampling, TrainSettings
+from aclarena_slime.local.parts import (
+    Backprop,
+    KlTerm,
+    LossSettings,
+    Sampling,
+    SftSettings,
+    StepSampling,
+    TrainSettings,
+)
 from aclarena_slime.local.records import RecordSettings
 from aclarena_slime.local.spec import check_local, steps_per_rollout
 from aclarena_slime.local.tiny_model import TinyShape
@@ -178,14 +186,13 @@ def open_session(recipe: StageRecipe) -> LocalSession:
                             per_token=bool(algorithm.extra.get("calculate_per_token_loss", False)),
                             clip_low=algorithm.eps_clip,
                             clip_high=algorithm.eps_clip if algorithm.eps_clip_high is None else algorithm.eps_clip_high,
-                            kl_coef=algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0,
-                            kl_loss_type=algorithm.kl_loss_type)  # fmt: skip
-        train = TrainSettings(loss=loss, lr=algorithm.lr, adam_betas=(algorithm.adam_beta1, algorithm.adam_beta2),
-                              weight_decay=algorithm.weight_decay, temperature=rollout.rollout_temperature,
-                              updates_per_step=local.updates_per_step, minibatches=minibatches,
-                              micro_batch_size=local.micro_batch_size)  # fmt: skip
+                            kl=KlTerm(algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0, algorithm.kl_loss_type))  # fmt: skip
         groups = Sampling(rollout.n_samples_per_prompt, rollout.rollout_temperature, local.top_p,
                           rollout.rollout_max_response_len, local.seed)  # fmt: skip
+        backprop = Backprop(local.micro_batch_size)
+        train = TrainSettings(loss=loss, lr=algorithm.lr, adam_betas=(algorithm.adam_beta1, algorithm.adam_beta2),
+                              weight_decay=algorithm.weight_decay, rollouts=groups,
+                              updates_per_step=local.updates_per_step, minibatches=minibatches, backprop=backprop)  # fmt: skip
         filters = dataclasses.asdict(custom.aclarena_filters) if custom.aclarena_filters else {}
         group_filter = _group_filter(rollout.dynamic_sampling_filter_path, filters)
         per_round = rollout.over_sampling_batch_size or rollout.rollout_batch_size
@@ -200,8 +207,7 @@ def open_session(recipe: StageRecipe) -> LocalSession:
         warm = None
         if warm_steps:
             sft = SftSettings(steps=warm_steps, batch_size=local.warm_start_batch_size, lr=local.warm_start_lr,
-                              micro_batch_size=local.micro_batch_size, kl_coef=loss.kl_coef,
-                              kl_loss_type=loss.kl_loss_type)  # fmt: skip
+                              backprop=backprop, kl=loss.kl)  # fmt: skip
             warm = WarmStart(local.warm_start_demos, local.warm_start_min_reward, local.warm_start_target, sft)
         lora = None if full else LoraConfig.from_mapping({**recipe.lora.to_dict(), "adapter_name": recipe.lora.adapter_name or env})
         shape = TinyShape(local.tiny_vocab_size, local.tiny_hidden_size, local.tiny_layers)

@@ -8,15 +8,15 @@ the adapter's for a PEFT model.
 
 Loss: the token-mean negative log-likelihood over the mask-1 tokens of a batch. An
 :class:`SftExample` masks out the prompt and the observations, exactly as a rollout's loss mask does,
-so SFT trains the tokens the policy itself writes and nothing else. With ``kl_coef`` > 0 (the KL anchor
-acting on a stage's warm start) the loss adds ``kl_coef`` times the token-mean KL of the policy to a frozen
+so SFT trains the tokens the policy itself writes and nothing else. With a KL term (``kl.coef`` > 0: the KL
+anchor acting on a stage's warm start) the loss adds ``kl.coef`` times the token-mean KL of the policy to a frozen
 ``reference`` (the policy the stage started from) on those tokens, estimated as the GRPO phase does
-(:func:`approx_kl`, slime's ``low_var_kl`` by default; the GRPO trainer's estimator too).
+(:func:`approx_kl` of kind ``kl.kind``, the stage's one KL term).
 
 API::
 
     examples = [SftExample(tokens=[...], loss_mask=[0, 0, 1, 1, ...]), ...]
-    settings = SftSettings(steps=200, batch_size=16, lr=1e-3, micro_batch_size=16, kl_coef=0.0, kl_loss_type="low_var_kl")
+    settings = SftSettings(steps=200, batch_size=16, lr=1e-3, backprop=Backprop(16), kl=KlTerm(0.0, "low_var_kl"))
     report = train_sft(model, examples, settings, pad_id=0, seed=0)
     backbone_dir, report = warm_start(model_dir, examples, settings, out_dir)   # full fine-tune, saved
 """
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from aclarena_slime.kl import approx_kl
-from aclarena_slime.local.parts import SftError, SftSettings
+from aclarena_slime.local.parts import Backprop, KlTerm, SftError, SftSettings
 
 
 @dataclass(frozen=True)
@@ -66,24 +66,40 @@ def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[to
     return (nll * target_mask).sum(), int(target_mask.sum())
 
 
+def right_padded_logits(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequences`` right-padded into one batch, and ``model``'s logits over it.
+
+    A forward without gradients (the reference's, the parity check's, the measurements') runs without an attention
+    mask: under the causal mask no real token attends to the padding after it, so each real position's logits are
+    what a padding mask gives (identical in float32 on CPU), and attention keeps its causal kernel, 4x as fast on
+    four retail rollouts of ~11k tokens (benchmarks/bench_trainer_forward.py). Where gradients flow the padding mask
+    stays: the causal kernel's backward rounds differently (1e-6), and the tiny model's training follows its
+    rounding, so every published local figure would move.
+    """
+    ids = torch.full((len(sequences), max(len(s) for s in sequences)), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, tokens in enumerate(sequences):
+        ids[i, : len(tokens)] = torch.tensor(tokens)
+        attention[i, : len(tokens)] = 1
+    if not torch.is_grad_enabled():
+        return ids, model(input_ids=ids).logits
+    return ids, model(input_ids=ids, attention_mask=attention).logits
+
+
 def token_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token NLL of ``batch``'s next tokens (right-padded into one forward) and their 0/1 loss mask."""
-    longest = max(len(e.tokens) for e in batch)
-    ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(batch), longest), dtype=torch.long)
-    mask = torch.zeros((len(batch), longest))
+    ids, logits = right_padded_logits(model, [e.tokens for e in batch], pad_id)
+    mask = torch.zeros(ids.shape)
     for i, e in enumerate(batch):
-        ids[i, : len(e.tokens)] = torch.tensor(e.tokens)
-        attention[i, : len(e.tokens)] = 1
         mask[i, : len(e.tokens)] = torch.tensor(e.loss_mask, dtype=torch.float32)
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    logits = logits[:, :-1].float()
     # The logits at position p predict token p + 1.
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
     return nll, mask[:, 1:]
 
 
 def masked_kl(
-    model: Any, reference: Any, batch: Sequence[SftExample], pad_id: int, kl_loss_type: str
+    model: Any, reference: Any, batch: Sequence[SftExample], pad_id: int, kind: str
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed NLL of ``batch``'s mask-1 tokens under ``model``, the summed KL estimate of ``model`` to
     ``reference`` on them (the GRPO phase's estimator; the log-prob of a token is minus its NLL), and their count.
@@ -94,7 +110,7 @@ def masked_kl(
     else:
         with torch.no_grad():
             ref_nll, _ = token_nll(reference, batch, pad_id)
-    kl = approx_kl(-nll, -ref_nll, kl_loss_type)
+    kl = approx_kl(-nll, -ref_nll, kind)
     return (nll * target_mask).sum(), (kl * target_mask).sum(), int(target_mask.sum())
 
 
@@ -103,7 +119,7 @@ class ReferenceNll:
     change while SFT runs, so its forward pass need not be repeated for every batch that draws an example
     (with the arena's 200 steps of 16 over 512 examples, six times each)."""
 
-    def __init__(self, reference: Any, examples: Sequence[SftExample], pad_id: int, micro_batch_size: int = 16):
+    def __init__(self, reference: Any, examples: Sequence[SftExample], pad_id: int, micro_batch_size: int):
         self.table: dict[tuple[int, ...], torch.Tensor] = {}
         distinct = list({tuple(e.tokens): e for e in examples}.values())
         with torch.no_grad():
@@ -122,9 +138,8 @@ class ReferenceNll:
 
 
 def mean_kl(
-    model: Any, reference: Any, examples: Sequence[SftExample], pad_id: int, kl_loss_type: str = "low_var_kl",
-    micro_batch_size: int = 16,
-) -> float:  # fmt: skip
+    model: Any, reference: Any, examples: Sequence[SftExample], pad_id: int, kind: str, micro_batch_size: int
+) -> float:
     """Per-token KL estimate of ``model`` to ``reference`` on the trained tokens of ``examples`` (no gradient):
     how far SFT moved the policy from where it started, where it trains."""
     was_training = model.training
@@ -132,13 +147,13 @@ def mean_kl(
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(examples), micro_batch_size):
-            _, kl, n = masked_kl(model, reference, examples[start : start + micro_batch_size], pad_id, kl_loss_type)
+            _, kl, n = masked_kl(model, reference, examples[start : start + micro_batch_size], pad_id, kind)
             total, count = total + float(kl), count + n
     model.train(was_training)
     return total / max(count, 1)
 
 
-def mean_nll(model: Any, examples: Sequence[SftExample], pad_id: int, micro_batch_size: int = 16) -> float:
+def mean_nll(model: Any, examples: Sequence[SftExample], pad_id: int, micro_batch_size: int) -> float:
     """Per-token NLL of the trained tokens of ``examples`` (no gradient): what SFT lowers."""
     was_training = model.training
     model.eval()
@@ -156,38 +171,37 @@ def sft_step(
     optimizer: torch.optim.Optimizer,
     batch: Sequence[SftExample],
     pad_id: int,
-    micro_batch_size: int = 16,
-    max_grad_norm: float = 1.0,
+    backprop: Backprop,
     reference: Any = None,
-    kl_coef: float = 0.0,
-    kl_loss_type: str = "low_var_kl",
+    kl: KlTerm | None = None,
 ) -> dict[str, float]:
-    """One optimiser step on the token-mean NLL of ``batch`` (plus ``kl_coef`` times the token-mean KL to
-    ``reference`` when ``kl_coef`` > 0); returns the NLL, tokens and grad norm (and the KL)."""
+    """One optimiser step on the token-mean NLL of ``batch`` (plus the KL term ``kl`` to ``reference``, where it
+    has a coefficient); returns the NLL, tokens and grad norm (and the KL)."""
     if not batch:
         raise SftError("an SFT step needs at least one example")
-    if kl_coef and reference is None:
-        raise SftError("an SFT step with kl_coef > 0 needs the reference policy")
+    anchored = kl is not None and kl.coef > 0
+    if anchored and reference is None:
+        raise SftError("an SFT step with a KL term needs the reference policy")
     n_tokens = sum(e.trained_tokens for e in batch)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum = kl_sum = 0.0
-    for start in range(0, len(batch), micro_batch_size):
-        micro = batch[start : start + micro_batch_size]
-        if kl_coef:
-            loss, kl, _ = masked_kl(model, reference, micro, pad_id, kl_loss_type)
-            kl_sum += float(kl.detach())
-            ((loss + kl_coef * kl) / n_tokens).backward()
+    for start in range(0, len(batch), backprop.micro_batch_size):
+        micro = batch[start : start + backprop.micro_batch_size]
+        if anchored:
+            loss, kl_estimate, _ = masked_kl(model, reference, micro, pad_id, kl.kind)
+            kl_sum += float(kl_estimate.detach())
+            ((loss + kl.coef * kl_estimate) / n_tokens).backward()
         else:
             loss, _ = masked_nll(model, micro, pad_id)
             (loss / n_tokens).backward()  # micro-batches add up to the token mean of the whole batch
         loss_sum += float(loss.detach())
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, backprop.max_grad_norm)
     optimizer.step()
     model.eval()
     out = {"loss": loss_sum / n_tokens, "tokens": float(n_tokens), "grad_norm": float(grad_norm)}
-    return {**out, "kl": kl_sum / n_tokens} if kl_coef else out
+    return {**out, "kl": kl_sum / n_tokens} if anchored else out
 
 
 def train_sft(
@@ -201,44 +215,44 @@ def train_sft(
     """``settings.steps`` SFT steps on the parameters of ``model`` that require a gradient.
 
     Returns the per-token NLL of ``examples`` (the first ``settings.nll_examples``) before and after, the mean
-    loss of the first and last tenth of the steps, and the seconds taken. With ``settings.kl_coef`` > 0 the loss holds the KL term to
+    loss of the first and last tenth of the steps, and the seconds taken. With ``settings.kl.coef`` > 0 the loss holds the KL term to
     ``reference`` (frozen; required then), and the report the KL (``kl_first``/``kl_last`` per step,
     ``kl_after`` on all ``examples``).
     """
     if not examples:
         raise SftError("no SFT examples (did every demo trajectory fail the reward filter?)")
-    if settings.kl_coef and reference is None:
-        raise SftError("SFT with kl_coef > 0 needs the reference policy (the stage's start)")
+    kl, micro = settings.kl, settings.backprop.micro_batch_size
+    if kl.coef and reference is None:
+        raise SftError("SFT with a KL term needs the reference policy (the stage's start)")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise SftError("the model has no trainable parameters")
     started = time.monotonic()
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
     measured = examples[: settings.nll_examples]
-    nll_before = mean_nll(model, measured, pad_id, settings.micro_batch_size)
+    nll_before = mean_nll(model, measured, pad_id, micro)
     rng = random.Random(seed)
     order: list[SftExample] = []
     losses: list[float] = []
     kls: list[float] = []
-    if settings.kl_coef:
-        reference = ReferenceNll(reference, examples, pad_id, settings.micro_batch_size)
-    kl = {"reference": reference, "kl_coef": settings.kl_coef, "kl_loss_type": settings.kl_loss_type}
+    if kl.coef:
+        reference = ReferenceNll(reference, examples, pad_id, micro)
     for _ in range(settings.steps):
         if len(order) < settings.batch_size:  # a fresh seeded epoch order when the current one runs out
             order += rng.sample(list(examples), len(examples))
         batch, order = order[: settings.batch_size], order[settings.batch_size :]
-        stats = sft_step(model, optimizer, batch, pad_id, settings.micro_batch_size, settings.max_grad_norm, **kl)
+        stats = sft_step(model, optimizer, batch, pad_id, settings.backprop, reference, kl)
         losses.append(stats["loss"])
         kls += [stats["kl"]] if "kl" in stats else []
     tenth = max(1, len(losses) // 10)
     anchored = {}
-    if settings.kl_coef:
+    if kl.coef:
         anchored = {
-            "kl_coef": settings.kl_coef,
-            "kl_loss_type": settings.kl_loss_type,
+            "kl_coef": kl.coef,
+            "kl_loss_type": kl.kind,
             "kl_first": sum(kls[:tenth]) / tenth,
             "kl_last": sum(kls[-tenth:]) / tenth,
-            "kl_after": mean_kl(model, reference, examples, pad_id, settings.kl_loss_type, settings.micro_batch_size),
+            "kl_after": mean_kl(model, reference, examples, pad_id, kl.kind, micro),
         }
     return {
         "examples": len(examples),
@@ -246,7 +260,7 @@ def train_sft(
         "steps": settings.steps,
         "nll_before": nll_before,
         "nll_examples": len(measured),
-        "nll_after": mean_nll(model, measured, pad_id, settings.micro_batch_size),
+        "nll_after": mean_nll(model, measured, pad_id, micro),
         "loss_first": sum(losses[:tenth]) / tenth,
         "loss_last": sum(losses[-tenth:]) / tenth,
         **anchored,
@@ -260,14 +274,14 @@ def warm_start(
     """Full fine-tune of the model in ``model_dir`` on ``examples``; saved (with its tokenizer) to ``out_dir``.
 
     The result is a Hugging Face model folder, a new backbone for the RL stage's LoRA expert. With
-    ``settings.kl_coef`` > 0 the KL term's reference is the model in ``model_dir`` as it was (frozen).
+    ``settings.kl.coef`` > 0 the KL term's reference is the model in ``model_dir`` as it was (frozen).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    reference = frozen_copy(model) if settings.kl_coef else None
+    reference = frozen_copy(model) if settings.kl.coef else None
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     report = train_sft(model, examples, settings, int(pad or 0), seed, reference)
     out = Path(out_dir)

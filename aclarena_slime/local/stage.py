@@ -127,7 +127,7 @@ async def run_session(session: LocalSession) -> dict[str, Any]:
     if warm_start is not None and not warm_start.into_policy:
         model_dir, warm = await warm_start_phase(session, model_dir)
     trainer = PolicyTrainer.build(model_dir, policy.train, policy.lora, policy.base_adapter, session.seed)
-    if policy.train.loss.kl_coef and policy.full and model_dir != start_dir:
+    if policy.train.loss.kl.coef and policy.full and model_dir != start_dir:
         # The KL anchor's reference is the policy the stage starts from, in the GRPO phase as in the warm start
         # before it, not the warm-started model.
         trainer.reference = load_reference(start_dir)
@@ -635,7 +635,7 @@ async def policy_warm_start(session: LocalSession, model_dir: Path, trainer: Pol
     the KL anchor acts on the warm start too), as for a backbone target."""
     before, examples, demos, generated = await warm_start_examples(session, model_dir)
     settings = _warm(session).sft
-    reference = trainer.reference if settings.kl_coef else None
+    reference = trainer.reference if settings.kl.coef else None
     sft = await asyncio.to_thread(train_sft, trainer.model, examples, settings, trainer.pad_id, session.seed, reference)
     return {"eval_before": before, **demos, "sft": sft, "target": "policy", "cached": False,
             "engine_generated_tokens": generated}  # fmt: skip

@@ -7,7 +7,7 @@ parameter (the engine's weights are updated in place after each step).
 
 The loss is slime's, by the recipe's names (:mod:`aclarena_slime.local.losses`): the PPO clip on a per-token
 (``grpo``) or sequence-level (``gspo``) ratio, an optional KL term to the reference (the policy the stage
-started from; ``kl_coef`` > 0, ``algorithm.use_kl_loss``), aggregated per sample by default or per token with
+started from; ``algorithm.kl_loss_coef`` > 0 under ``use_kl_loss``), aggregated per sample by default or per token with
 ``calculate_per_token_loss``. Observation tokens have loss mask 0 and count nowhere. The old log-probs are the
 engine's, so the first pass of a step must reproduce them: ``logprob_mismatch`` in the metrics says how
 closely it does.
@@ -29,7 +29,7 @@ from aclarena_slime.kl import approx_kl
 from aclarena_slime.local.generation import token_log_probs
 from aclarena_slime.local.losses import advantages, denominator, policy_loss
 from aclarena_slime.local.parts import TrainSettings
-from aclarena_slime.local.sft import SftExample, frozen_copy, sft_step
+from aclarena_slime.local.sft import SftExample, frozen_copy, right_padded_logits, sft_step
 from aclarena_slime.lora.config import LoraConfig
 
 
@@ -174,7 +174,7 @@ class PolicyTrainer:
             for part, (start, end) in enumerate(parts):
                 batch, adv = usable[start:end], adv_all[start:end]
                 first = epoch == 0 and part == 0
-                if not self.settings.loss.kl_coef and not any(abs(a) > 1e-8 for a in adv):  # one reward per group
+                if not self.settings.loss.kl.coef and not any(abs(a) > 1e-8 for a in adv):  # one reward per group
                     if first:
                         with torch.no_grad():
                             out.update(self._measure(batch, adv, _tokens(batch)))
@@ -195,7 +195,7 @@ class PolicyTrainer:
         loss_settings = self.settings.loss
         n_tokens = _tokens(batch)
         per_step = denominator([s.loss_mask for s in batch], loss_settings.per_token)
-        size = self.settings.micro_batch_size
+        size = self.settings.backprop.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = clipped_sum = kl_sum = 0.0
         before = {"logprob_mismatch": 0.0, "entropy": 0.0, "kl_to_start": 0.0}
@@ -203,7 +203,7 @@ class PolicyTrainer:
             micro, adv = batch[start : start + size], advantages[start : start + size]
             new_lp, old_lp, mask, adv_t, entropy = self._batch_log_probs(micro, adv)
             ref_lp = None
-            if loss_settings.kl_coef or measure:
+            if loss_settings.kl.coef or measure:
                 with torch.no_grad():
                     ref_lp = self._batch_log_probs(micro, adv, self.reference)[0]
             terms = policy_loss(new_lp, old_lp, adv_t, mask, loss_settings, ref_lp)
@@ -214,32 +214,25 @@ class PolicyTrainer:
             if measure:
                 for key, value in _pass_sums(new_lp.detach(), old_lp, ref_lp, entropy, mask).items():
                     before[key] += value
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.backprop.max_grad_norm)
         self.optimizer.step()
         out = {"loss": loss_sum / per_step, "clip_frac": clipped_sum / per_step}
         if measure:
             out.update({key: value / n_tokens for key, value in before.items()}, grad_norm=float(grad_norm))
-        if loss_settings.kl_coef:
+        if loss_settings.kl.coef:
             out["kl"] = kl_sum / per_step
         return out
 
     def sft_step(self, examples: Sequence[SftExample]) -> dict[str, float]:
         """One optimiser step of the shared SFT loss (:func:`aclarena_slime.local.sft.sft_step`) on this policy."""
-        return sft_step(
-            self.model,
-            self.optimizer,
-            examples,
-            self.pad_id,
-            self.settings.micro_batch_size,
-            self.settings.max_grad_norm,
-        )
+        return sft_step(self.model, self.optimizer, examples, self.pad_id, self.settings.backprop)
 
     @torch.no_grad()
     def recompute_log_probs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
         """The policy's log-probs of each sample's response tokens, as the loss sees them (the parity check's
         trainer side, :mod:`aclarena_slime.parity`)."""
         out: list[list[float]] = []
-        size = self.settings.micro_batch_size
+        size = self.settings.backprop.micro_batch_size
         for start in range(0, len(samples), size):
             batch = samples[start : start + size]
             new = self._batch_log_probs(batch, [0.0] * len(batch))[0]
@@ -250,7 +243,7 @@ class PolicyTrainer:
         """The pass-before-update figures of a step that trains nothing: log-prob mismatch (|current - rollout|,
         ~0 when the plumbing is right), entropy and KL to the starting policy, token means."""
         sums = {"logprob_mismatch": 0.0, "entropy": 0.0, "kl_to_start": 0.0}
-        size = self.settings.micro_batch_size
+        size = self.settings.backprop.micro_batch_size
         for start in range(0, len(samples), size):
             batch, adv = samples[start : start + size], advantages[start : start + size]
             new, old, mask, _, entropy = self._batch_log_probs(batch, adv)
@@ -264,21 +257,16 @@ class PolicyTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs of each response token under ``model`` (the policy unless given), with the rollout's,
         the mask, the advantages and the token entropy (no gradient) of the sampling distribution."""
-        longest = max(len(s.tokens) for s in batch)
         width = max(s.response_length for s in batch)
-        ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), longest), dtype=torch.long)
         old = torch.zeros((len(batch), width))
         mask = torch.zeros((len(batch), width))
         targets = torch.zeros((len(batch), width), dtype=torch.long)
         for i, s in enumerate(batch):
-            ids[i, : len(s.tokens)] = torch.tensor(s.tokens)
-            attention[i, : len(s.tokens)] = 1
             r = s.response_length
             targets[i, :r] = torch.tensor(s.tokens[len(s.tokens) - r :])
             old[i, :r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
             mask[i, :r] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        logits = (model or self.model)(input_ids=ids, attention_mask=attention).logits
+        _, logits = right_padded_logits(model or self.model, [s.tokens for s in batch], self.pad_id)
         # The logits at position p predict token p + 1: gather each sample's response window.
         rows = []
         for i, s in enumerate(batch):
@@ -288,10 +276,10 @@ class PolicyTrainer:
                 window = torch.cat([window, window.new_zeros(width - window.shape[0], window.shape[1])])
             rows.append(window)
         windows = torch.stack(rows)
-        new = token_log_probs(windows, targets, self.settings.temperature)
+        new = token_log_probs(windows, targets, self.settings.rollouts.temperature)
         adv = torch.tensor(advantages, dtype=torch.float32).unsqueeze(1).expand(-1, width)
         with torch.no_grad():
-            log_p = torch.log_softmax(windows.detach().float() / self.settings.temperature, dim=-1)
+            log_p = torch.log_softmax(windows.detach().float() / self.settings.rollouts.temperature, dim=-1)
             entropy = -(log_p.exp() * log_p).sum(-1)
         return new, old, mask, adv, entropy
 

@@ -4,14 +4,17 @@ one way the local backend's tests (and its benchmarks) set up a stage.
 :data:`LEARNABLE` is the small stage most of them run: the ``learnable`` env (registered by the test), a rank-8
 LoRA expert, 4 GRPO steps of 4 prompts x 4 samples of at most 64 tokens, lr 1e-3, the per-sample mean, greedy
 evaluation of 16 held-out prompts, no validation prompts, no warm start. A test of another env adds ``data.env=TAG``
-(and ``+env_config.TAG={}`` for an env the recipe does not configure).
+(and ``+env_config.TAG={}`` for an env the recipe does not configure). A test of the trainer alone builds its
+settings with :func:`trainer_settings`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from aclarena_slime.launcher.stage import local_profile
+from aclarena_slime.local.parts import Backprop, KlTerm, LossSettings, Sampling, TrainSettings
 from aclarena_slime.local.session import LocalSession, open_session
 from aclarena_slime.recipes.compose import load_recipe
 from aclarena_slime.recipes.schema import StageRecipe
@@ -41,3 +44,19 @@ def local_recipe(root: str | Path, *overrides: str, recipe: str | Path = MATH) -
 def local_session(root: str | Path, *overrides: str, recipe: str | Path = MATH) -> LocalSession:
     """:func:`local_recipe`'s session (:func:`~aclarena_slime.local.session.open_session`)."""
     return open_session(local_recipe(root, *overrides, recipe=recipe))
+
+
+def trainer_settings(
+    *, kl_coef: float = 0.0, per_token: bool = False, micro_batch_size: int = 8, temperature: float = 1.0, **over: Any
+) -> TrainSettings:
+    """A trainer's settings without a recipe, for tests of the trainer alone: AdamW at the schema's betas, lr 1e-3,
+    slime's clip range (0.2, 0.28), the low-variance KL estimate, rollouts at ``temperature``, one pass of one
+    optimiser step a GRPO step; ``over`` names any other field."""
+    loss = LossSettings(estimator="grpo", per_token=per_token, clip_low=0.2, clip_high=0.28,
+                        kl=KlTerm(kl_coef, "low_var_kl"))  # fmt: skip
+    values: dict[str, Any] = {
+        "lr": 1e-3, "adam_betas": (0.9, 0.999), "weight_decay": 0.0, "updates_per_step": 1, "minibatches": 1,
+        "rollouts": Sampling(samples=4, temperature=temperature, top_p=1.0, max_new_tokens=64, seed=0),
+        "backprop": Backprop(micro_batch_size),
+    }  # fmt: skip
+    return TrainSettings(loss=loss, **{**values, **over})

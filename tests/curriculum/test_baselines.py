@@ -219,7 +219,7 @@ def test_the_kl_anchor_section_gives_the_local_stage_its_kl_term(tmp_path: Path)
     anchor = anchor_overrides(KlAnchorSettings(enabled=True, coef=0.1), source)
     anchored = open_session(load_recipe(RECIPES / "stage4_if.yaml", [*base, *anchor])).policy.train.loss
     sequential = open_session(load_recipe(RECIPES / "stage4_if.yaml", base)).policy.train.loss
-    assert (anchored.kl_coef, anchored.kl_loss_type) == (0.1, "low_var_kl") and sequential.kl_coef == 0.0
+    assert (anchored.kl.coef, anchored.kl.kind) == (0.1, "low_var_kl") and sequential.kl.coef == 0.0
 
 
 def test_local_replay_carries_the_earlier_stages_gold_demos_to_the_warm_start(tmp_path: Path):

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from aclarena_slime.local.losses import LossSettings, advantages, aggregate, denominator, policy_loss
+from aclarena_slime.local.parts import KlTerm
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = json.loads((Path(__file__).with_name("slime_loss_cases.json")).read_text())
@@ -30,16 +31,15 @@ def _padded(rows: list[list[float]]) -> torch.Tensor:
 
 
 def _loss(estimator: str, kl_coef: float = 0.0) -> LossSettings:
-    return LossSettings(estimator=estimator, per_token=False, clip_low=0.2, clip_high=0.28, kl_coef=kl_coef,
-                        kl_loss_type="low_var_kl")  # fmt: skip
+    return LossSettings(estimator=estimator, per_token=False, clip_low=0.2, clip_high=0.28,
+                        kl=KlTerm(kl_coef, "low_var_kl"))  # fmt: skip
 
 
 def _settings(case: dict) -> LossSettings:
     s = case["settings"]
     return LossSettings(
         estimator=s["advantage_estimator"], per_token=s["calculate_per_token_loss"], clip_low=s["eps_clip"],
-        clip_high=s["eps_clip_high"], kl_coef=s["kl_loss_coef"] if s["use_kl_loss"] else 0.0,
-        kl_loss_type=s["kl_loss_type"],
+        clip_high=s["eps_clip_high"], kl=KlTerm(s["kl_loss_coef"] if s["use_kl_loss"] else 0.0, s["kl_loss_type"]),
     )  # fmt: skip
 
 

@@ -13,14 +13,13 @@ from safetensors.torch import load_file
 
 from aclarena_slime.experts import ExpertTable
 from aclarena_slime.local.config import LocalConfigError
-from aclarena_slime.local.losses import LossSettings
 from aclarena_slime.local.parallel_mle import MultiExpertTrainer, open_experts, run_parallel_mle
 from aclarena_slime.local.run import _local_env, expert_sessions
 from aclarena_slime.local.stage import run_stage
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample
 from aclarena_slime.lora.config import LoraConfig
 from aclarena_slime.plugin import registry
-from aclarena_slime.testing.local import LEARNABLE, local_recipe, local_session
+from aclarena_slime.testing.local import LEARNABLE, local_recipe, local_session, trainer_settings
 
 REPO = Path(__file__).resolve().parents[2]
 LORA = LoraConfig(rank=4, alpha=8.0, adapter_name=None, target_modules=["linear_qkv", "linear_fc2"])
@@ -45,9 +44,7 @@ def _samples(offset: int) -> list[TrainSample]:
 def test_each_sample_trains_only_its_own_expert(tiny_model_dir):
     """One step of two experts on one backbone equals each expert's step alone, to float32 round-off
     (1e-6); an expert without samples keeps its adapter exactly."""
-    settings = TrainSettings(loss=LossSettings(estimator="grpo", per_token=False, clip_low=0.2, clip_high=0.28, kl_coef=0.1,
-                                    kl_loss_type="low_var_kl"), lr=5e-2, adam_betas=(0.9, 0.999), weight_decay=0.0,
-                  temperature=1.0, updates_per_step=1, minibatches=1, micro_batch_size=2)  # fmt: skip
+    settings = trainer_settings(kl_coef=0.1, lr=5e-2, micro_batch_size=2)
     multi = MultiExpertTrainer.build(tiny_model_dir, {"one": (settings, LORA), "two": (settings, LORA)}, seed=3)
     start_b = multi.adapter_state("two")
     multi.step("one", _samples(0))

@@ -6,13 +6,12 @@ import json
 
 import pytest
 
-from aclarena_slime.local.losses import LossSettings
 from aclarena_slime.local.records import Sample
 from aclarena_slime.local.run import local_plan
 from aclarena_slime.local.stage import keep, rollout_examples, run_stage, sft_filter
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSettings
+from aclarena_slime.local.trainer import PolicyTrainer
 from aclarena_slime.lora.config import LoraConfig
-from aclarena_slime.testing.local import LEARNABLE, local_session
+from aclarena_slime.testing.local import LEARNABLE, local_session, trainer_settings
 
 
 def filter_settings(root, values: str):
@@ -54,9 +53,7 @@ def test_the_filter_is_the_sft_data_pipelines_own(tmp_path):
 
 def test_sft_steps_lower_the_loss_on_the_kept_tokens(tiny_model_dir):
     lora = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
-    settings = TrainSettings(loss=LossSettings(estimator="grpo", per_token=False, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
-                                    kl_loss_type="low_var_kl"), lr=5e-2, adam_betas=(0.9, 0.999), weight_decay=0.0,
-                  temperature=1.0, updates_per_step=1, minibatches=1, micro_batch_size=8)  # fmt: skip
+    settings = trainer_settings(lr=5e-2)
     trainer = PolicyTrainer.build(tiny_model_dir, settings, lora)
     sample = Sample(prompt="q", metadata={"env": "math"})
     sample.tokens, sample.response_length, sample.loss_mask = [3, 4, 5, 6, 7, 8], 3, [1, 0, 1]

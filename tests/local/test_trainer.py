@@ -11,17 +11,10 @@ import torch
 
 from aclarena_slime.kl import approx_kl
 from aclarena_slime.local.losses import LossSettings, policy_loss
-from aclarena_slime.local.trainer import PolicyTrainer, TrainSample, TrainSettings
+from aclarena_slime.local.parts import KlTerm
+from aclarena_slime.local.trainer import PolicyTrainer, TrainSample
 from aclarena_slime.lora.config import LoraConfig
-
-
-def _train(*, kl_coef: float = 0.0, per_token_loss: bool = False, **over) -> TrainSettings:
-    """These tests' trainer: AdamW at the recipe schema's betas, the GRPO loss at slime's clip range; ``over`` wins."""
-    loss = LossSettings(estimator="grpo", per_token=per_token_loss, clip_low=0.2, clip_high=0.28, kl_coef=kl_coef,
-                        kl_loss_type="low_var_kl")  # fmt: skip
-    values = {"lr": 1e-3, "adam_betas": (0.9, 0.999), "weight_decay": 0.0, "temperature": 1.0, "updates_per_step": 1,
-              "minibatches": 1, "micro_batch_size": 8}  # fmt: skip
-    return TrainSettings(loss=loss, **{**values, **over})
+from aclarena_slime.testing.local import trainer_settings
 
 
 def grpo_advantages(rewards, groups):
@@ -33,7 +26,7 @@ def grpo_advantages(rewards, groups):
 def ppo_clipped_loss(new, old, adv, mask, clip_low, clip_high):
     """The per-token PPO clip, summed over the mask (the token aggregation), and the clipped tokens."""
     terms = policy_loss(new, old, adv, mask, LossSettings(estimator="grpo", per_token=True, clip_low=clip_low,
-                                                        clip_high=clip_high, kl_coef=0.0, kl_loss_type="low_var_kl"))  # fmt: skip
+                                                        clip_high=clip_high, kl=KlTerm(0.0, "low_var_kl")))  # fmt: skip
     return terms.loss, terms.clipped
 
 
@@ -75,7 +68,7 @@ def test_clipped_loss_caps_the_ratio_on_the_side_the_advantage_pushes():
 
 @pytest.fixture
 def trainer(tiny_model_dir):
-    settings = _train(lr=5e-2, micro_batch_size=2)
+    settings = trainer_settings(lr=5e-2, micro_batch_size=2)
     return PolicyTrainer.build(tiny_model_dir, settings, lora(), seed=0)
 
 
@@ -96,6 +89,38 @@ def sequence_log_prob(trainer, prompt, response):
     with torch.no_grad():
         logits = trainer.model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
     return float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(response).unsqueeze(-1)).sum())
+
+
+def test_a_padded_batch_gives_each_sample_its_log_probs_alone(trainer):
+    """Samples of different lengths share one right-padded forward without an attention mask: the causal mask keeps
+    every real token off the padding after it, so each sample's log-probs are those of its forward alone (to
+    float32 round-off: a batch of another shape sums in another order)."""
+    samples = [rollout(trainer, [5, 6, 7] * k, [40 + k, 41, 42][: 1 + k % 3], 1.0, 0) for k in (1, 4, 2, 7)]
+    together = trainer.recompute_log_probs(samples)  # micro-batches of 2: each pads its shorter sample
+    alone = [trainer.recompute_log_probs([s])[0] for s in samples]
+    assert together == [pytest.approx(lp, abs=1e-5) for lp in alone]
+    assert [len(lp) for lp in together] == [s.response_length for s in samples]
+    assert together == [pytest.approx(s.rollout_log_probs, abs=1e-5) for s in samples]  # the engine's numbers
+
+
+def test_a_forward_without_gradient_drops_the_padding_mask_and_changes_no_logit(trainer):
+    """The reference's and the parity check's forwards run without the padding mask (the causal kernel, several
+    times as fast on long prompts); the logits at real positions are exactly those the masked forward, the one that
+    trains, gives."""
+    from aclarena_slime.local.sft import right_padded_logits
+
+    masks: list[bool] = []
+
+    def model(**inputs):
+        masks.append("attention_mask" in inputs)
+        return trainer.model(**inputs)
+
+    sequences = [[5, 6, 7] * 9 + [40, 41], [8, 9] * 4, [11, 12, 13] * 5]
+    with torch.no_grad():
+        _, causal = right_padded_logits(model, sequences, trainer.pad_id)
+    _, masked = right_padded_logits(model, sequences, trainer.pad_id)
+    assert masks == [False, True] and masked.requires_grad and not causal.requires_grad
+    assert all(torch.equal(causal[i, : len(s)], masked[i, : len(s)].detach()) for i, s in enumerate(sequences))
 
 
 def test_a_step_raises_the_rewarded_response_and_reproduces_rollout_log_probs(trainer):
@@ -123,7 +148,7 @@ def test_a_step_aggregates_its_loss_as_the_recipe_says(tiny_model_dir, per_token
     """slime's default is the per-sample mean (each sample's token mean, averaged over the samples):
     on-policy (ratio 1) a group's loss is then minus its mean advantage, 0; the token mean (slime's
     calculate_per_token_loss) weighs the longer samples more, here the rewarded 3-token one."""
-    settings = _train(lr=5e-2, micro_batch_size=1, per_token_loss=per_token)
+    settings = trainer_settings(lr=5e-2, micro_batch_size=1, per_token=per_token)
     trainer = PolicyTrainer.build(tiny_model_dir, settings, lora(), seed=0)
     samples = [rollout(trainer, [5, 6, 7], [40, 41, 42], 1.0, 0), rollout(trainer, [5, 6, 7], [90], 0.0, 0)]
     stats = trainer.step(samples)
@@ -172,7 +197,7 @@ def test_full_fine_tuning_changes_the_backbone_and_lora_does_not(tiny_model_dir,
     """lora.enabled=false on the local backend: every parameter trains (AdamW), and the export is a model folder."""
     from transformers import AutoModelForCausalLM
 
-    settings = _train(lr=1e-2, micro_batch_size=2, weight_decay=0.1, adam_betas=(0.9, 0.98))
+    settings = trainer_settings(lr=1e-2, micro_batch_size=2, weight_decay=0.1, adam_betas=(0.9, 0.98))
     full = PolicyTrainer.build(tiny_model_dir, settings, None, seed=0)
     assert full.full and len(full.params) == len(list(full.model.parameters()))
     assert (
@@ -196,7 +221,7 @@ def test_full_fine_tuning_changes_the_backbone_and_lora_does_not(tiny_model_dir,
 def test_full_fine_tuning_syncs_its_weights_into_the_engine(tiny_model_dir):
     from aclarena_slime.local.engine import open_engine
 
-    trainer = PolicyTrainer.build(tiny_model_dir, _train(lr=1e-2, micro_batch_size=2), None, seed=0)
+    trainer = PolicyTrainer.build(tiny_model_dir, trainer_settings(lr=1e-2, micro_batch_size=2), None, seed=0)
     engine = open_engine(tiny_model_dir, seed=0)
     trainer.step(_group(trainer))
     assert not torch.equal(engine.model.base.lm_head.weight, trainer.model.lm_head.weight)
@@ -227,14 +252,14 @@ def test_the_kl_term_is_zero_at_the_reference_and_changes_the_loss_away_from_it(
     lora = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "lm_head"])
     runs = {}
     for coef in (0.0, 1.0):
-        trainer = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, updates_per_step=2, kl_coef=coef), lora)
+        trainer = PolicyTrainer.build(tiny_model_dir, trainer_settings(lr=5e-2, updates_per_step=2, kl_coef=coef), lora)
         samples = _group(trainer)
         runs[coef] = (trainer.step(samples), [p.detach().clone() for p in trainer.params])
     plain, anchored = runs[0.0][0], runs[1.0][0]
     assert "kl" not in plain and anchored["kl"] > 0  # after the first update the policy has left the reference
     assert anchored["loss"] != pytest.approx(plain["loss"], rel=1e-6, abs=1e-9)
     assert any(not torch.equal(a, b) for a, b in zip(runs[0.0][1], runs[1.0][1], strict=True))
-    at_reference = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, kl_coef=1.0), lora)
+    at_reference = PolicyTrainer.build(tiny_model_dir, trainer_settings(lr=5e-2, kl_coef=1.0), lora)
     samples = _group(at_reference)
     with torch.no_grad():
         new, _, mask, _, _ = at_reference._batch_log_probs(samples, [0.0, 0.0])
@@ -253,8 +278,8 @@ def test_minibatches_are_slimes_steps_per_rollout_one_optimiser_step_per_contigu
     """rollout.global_batch_size below a rollout's samples: slime trains the rollout in contiguous steps of that
     many samples. Two parts of whole groups train exactly as the two halves stepped one after the other."""
     lora_config = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
-    split = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, minibatches=2), lora_config, seed=0)
-    halves = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2), lora_config, seed=0)
+    split = PolicyTrainer.build(tiny_model_dir, trainer_settings(lr=5e-2, minibatches=2), lora_config, seed=0)
+    halves = PolicyTrainer.build(tiny_model_dir, trainer_settings(lr=5e-2), lora_config, seed=0)
     first, second = _two_groups(split)
     stats = split.step(first + second)
     assert stats["updates"] == 2.0 and "skipped" not in stats
@@ -263,18 +288,18 @@ def test_minibatches_are_slimes_steps_per_rollout_one_optimiser_step_per_contigu
     halves.step(second)
     for a, b in zip(split.params, halves.params, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
-    one = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2), lora_config, seed=0)
+    one = PolicyTrainer.build(tiny_model_dir, trainer_settings(lr=5e-2), lora_config, seed=0)
     assert one.step(first + second)["updates"] == 1.0
     assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(one.params, split.params, strict=True))
 
 
 def test_a_part_whose_groups_all_score_alike_is_skipped(tiny_model_dir):
     lora_config = LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
-    trainer = PolicyTrainer.build(tiny_model_dir, _train(lr=5e-2, minibatches=2), lora_config, seed=0)
+    trainer = PolicyTrainer.build(tiny_model_dir, trainer_settings(lr=5e-2, minibatches=2), lora_config, seed=0)
     first, second = _two_groups(trainer)
     uniform = [TrainSample(s.tokens, s.response_length, s.loss_mask, s.rollout_log_probs, 1.0, 0) for s in first]
     stats = trainer.step(uniform + second)
     assert stats["updates"] == 1.0 and "skipped" not in stats
     assert "entropy" in stats and "grad_norm" not in stats  # the first part measured, not trained
     with pytest.raises(ValueError, match="minibatches"):
-        _train(minibatches=0)
+        trainer_settings(minibatches=0)

@@ -16,6 +16,7 @@ from aclarena_envs.search.data import demo_turns as search_demo_turns
 from aclarena_envs.search.env import SearchEnvironment
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.local.demos import DemoError, ScriptedClient, demo_examples, load_demo_turns
+from aclarena_slime.local.parts import Backprop, KlTerm
 from aclarena_slime.local.records import RecordError, prompt_key, stage_records
 from aclarena_slime.local.sft import SftError, SftExample, SftSettings, mean_nll, train_sft, warm_start
 from aclarena_slime.local.stage import cached_warm_start, tokenizer_texts
@@ -24,7 +25,7 @@ from aclarena_slime.rollout import Budgets
 from aclarena_slime.testing.local import LEARNABLE, local_recipe, local_session
 
 # The SFT settings these tests do not vary: a micro-batch of 16, no KL term.
-SFT = {"micro_batch_size": 16, "kl_coef": 0.0, "kl_loss_type": "low_var_kl"}
+SFT = {"backprop": Backprop(16), "kl": KlTerm(0.0, "low_var_kl")}
 # The small math stage with a warm start that the stage tests run (the env settings: one verifier worker).
 MATH_STAGE = (*LEARNABLE, "data.env=math", "++env_config.math.workers=1", "rollout.num_rollout=1",
               "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=16",
@@ -103,7 +104,7 @@ def test_sft_lowers_the_nll_of_demo_trajectories_full_and_lora(chat, tiny_model_
     backbone, report = warm_start(tiny_model_dir, examples, settings, tmp_path / "warm", seed=0)
     assert report["nll_after"] < 0.7 * report["nll_before"]
     reloaded = AutoModelForCausalLM.from_pretrained(backbone)  # the saved backbone is the trained one
-    assert mean_nll(reloaded, examples, pad_id=0) == pytest.approx(report["nll_after"], rel=1e-4)
+    assert mean_nll(reloaded, examples, 0, 16) == pytest.approx(report["nll_after"], rel=1e-4)
 
     torch.manual_seed(0)  # the same step trains only an adapter when the model is a PEFT model
     lora = get_peft_model(
@@ -118,7 +119,7 @@ def test_sft_lowers_the_nll_of_demo_trajectories_full_and_lora(chat, tiny_model_
     assert report["nll_examples"] == 32
     capped = train_sft(reloaded, examples, SftSettings(steps=1, batch_size=8, lr=1e-9, nll_examples=4, **SFT), pad_id=0)
     assert capped["nll_examples"] == 4
-    assert capped["nll_after"] == pytest.approx(mean_nll(reloaded, examples[:4], pad_id=0), rel=1e-4)
+    assert capped["nll_after"] == pytest.approx(mean_nll(reloaded, examples[:4], 0, 16), rel=1e-4)
 
 
 def test_ifeval_demo_answers_follow_most_generated_prompts():

@@ -13,6 +13,7 @@ from aclarena_envs.math.env import MathEnvironment
 from aclarena_slime.chat_tokens import ChatTokens
 from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.local.demos import demo_examples
+from aclarena_slime.local.parts import Backprop, KlTerm
 from aclarena_slime.local.records import demo_records, prompt_key, replay_mixture
 from aclarena_slime.local.sft import (
     ReferenceNll,
@@ -29,8 +30,13 @@ from aclarena_slime.testing.local import LEARNABLE, local_session
 
 MATH_DEMOS = "aclarena_envs.math.data.demo_turns"
 
-# The SFT settings these tests do not vary: a micro-batch of 16, the low-variance KL estimate.
-SFT = {"micro_batch_size": 16, "kl_loss_type": "low_var_kl"}
+# The SFT settings these tests do not vary: a micro-batch of 16.
+SFT = {"backprop": Backprop(16)}
+
+
+def _kl(coef: float) -> KlTerm:
+    """The KL term at ``coef``, the low-variance estimate."""
+    return KlTerm(coef, "low_var_kl")
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +85,12 @@ def test_the_anchor_asks_its_frozen_reference_once_per_example_with_the_same_kl(
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     reference = _Counted(frozen_copy(model))
-    report = train_sft(model, math_examples, SftSettings(steps=16, batch_size=8, lr=3e-3, kl_coef=1.0, **SFT), 0, 0,
+    report = train_sft(model, math_examples, SftSettings(steps=16, batch_size=8, lr=3e-3, kl=_kl(1.0), **SFT), 0, 0,
                        reference)  # fmt: skip
     distinct = len({tuple(e.tokens) for e in math_examples})
     assert reference.sequences == distinct  # before: 16 x 8 for the steps and 16 more for kl_after
     kl = report["kl_after"]
-    assert kl > 0 and kl == pytest.approx(mean_kl(model, reference.model, math_examples, pad_id=0), rel=1e-5)
+    assert kl > 0 and kl == pytest.approx(mean_kl(model, reference.model, math_examples, 0, "low_var_kl", 16), rel=1e-5)
     batch = math_examples[:8]
     direct = masked_kl(model, reference.model, batch, 0, "k3")[1]
     assert float(masked_kl(model, ReferenceNll(reference.model, math_examples, 0, 4), batch, 0, "k3")[1]) == (
@@ -93,14 +99,14 @@ def test_the_anchor_asks_its_frozen_reference_once_per_example_with_the_same_kl(
 
 
 def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_model_dir, math_examples):
-    plain_settings = SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=0.0, **SFT)
+    plain_settings = SftSettings(steps=8, batch_size=8, lr=3e-3, kl=_kl(0.0), **SFT)
     plain, start, plain_report = _trained(tiny_model_dir, math_examples, plain_settings)
     anchored, _, report = _trained(
-        tiny_model_dir, math_examples, SftSettings(steps=8, batch_size=8, lr=3e-3, kl_coef=1.0, **SFT)
+        tiny_model_dir, math_examples, SftSettings(steps=8, batch_size=8, lr=3e-3, kl=_kl(1.0), **SFT)
     )
-    plain_kl = mean_kl(plain, start, math_examples, pad_id=0)
+    plain_kl = mean_kl(plain, start, math_examples, 0, "low_var_kl", 16)
     assert 0 < report["kl_after"] < plain_kl  # same data, seed and schedule: the anchor held the policy nearer
-    assert report["kl_after"] == pytest.approx(mean_kl(anchored, start, math_examples, pad_id=0))
+    assert report["kl_after"] == pytest.approx(mean_kl(anchored, start, math_examples, 0, "low_var_kl", 16))
     assert report["kl_coef"] == 1.0 and report["kl_first"] >= 0 and report["kl_last"] > 0
     assert report["nll_after"] < report["nll_before"]  # it still learns the demos
     # Coefficient 0 is the plain SFT exactly: the reference is not used, the report and weights are today's.
@@ -112,9 +118,9 @@ def test_the_anchored_sft_moves_less_from_its_start_than_the_plain_one(tiny_mode
     again, _, _ = _trained(tiny_model_dir, math_examples, plain_settings, with_reference=False)
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), plain.parameters(), strict=True))
     with pytest.raises(SftError, match="reference"):
-        train_sft(plain, math_examples, SftSettings(steps=1, batch_size=16, lr=1e-3, kl_coef=0.1, **SFT), pad_id=0)
-    with pytest.raises(SftError, match="kl_loss_type"):
-        SftSettings(steps=100, batch_size=16, lr=1e-3, micro_batch_size=16, kl_coef=0.1, kl_loss_type="k4")
+        train_sft(plain, math_examples, SftSettings(steps=1, batch_size=16, lr=1e-3, kl=_kl(0.1), **SFT), pad_id=0)
+    with pytest.raises(ValueError, match="kl_loss_type"):
+        KlTerm(0.1, "k4")
 
 
 IFEVAL_STAGE = (

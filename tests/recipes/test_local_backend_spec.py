@@ -57,7 +57,7 @@ def test_recipe_sections_map_onto_the_local_stage(tmp_path: Path):
     )  # fmt: skip
     session = open_session(recipe)
     loss, evaluation, lora = session.policy.train.loss, session.loop.evaluation, session.policy.lora
-    assert (session.policy.train.temperature, loss.clip_low, loss.clip_high) == (0.7, 0.2, 0.3)
+    assert (session.policy.train.rollouts.temperature, loss.clip_low, loss.clip_high) == (0.7, 0.2, 0.3)
     assert (evaluation.temperature, evaluation.max_new_tokens, evaluation.samples, session.engine.budgets.mode) == (
         0.5, 64, 3, "per_turn"
     )  # fmt: skip
@@ -121,10 +121,10 @@ def test_kl_and_full_fine_tuning_map_onto_the_local_stage(tmp_path: Path):
     session = open_session(recipe)
     train = session.policy.train
     assert session.policy.full and session.paths.policy_dir.name == "model"  # stage1_math: lora.enabled=false
-    assert (train.loss.kl_coef, train.loss.kl_loss_type) == (0.01, "low_var_kl")
+    assert (train.loss.kl.coef, train.loss.kl.kind) == (0.01, "low_var_kl")
     assert (train.weight_decay, train.adam_betas[1]) == (0.1, 0.98)
     off = open_session(load_recipe(MATH, [f"paths.root={tmp_path}", "cluster=local", "lora=r16_a32"]))
-    assert not off.policy.full and off.policy.train.loss.kl_coef == 0.0  # the local profile: no KL unless asked
+    assert not off.policy.full and off.policy.train.loss.kl.coef == 0.0  # the local profile: no KL unless asked
 
 
 def test_the_slime_command_is_the_recipe_without_the_local_profile(tmp_path: Path):

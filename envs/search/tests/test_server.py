@@ -109,7 +109,8 @@ async def test_server_error_reply_is_a_retriever_error():
 
 def test_an_env_client_lives_on_one_event_loop():
     """A second loop is a clear error, not a session silently replaced (aiohttp binds a session to its loop)."""
-    remote = RemoteRetriever("http://127.0.0.1:9")  # nothing listens: each call fails after making its session
+    # nothing listens: each call fails after making its session (at once: the retries have their own tests)
+    remote = RemoteRetriever("http://127.0.0.1:9", retries=0)
 
     async def call() -> None:
         with pytest.raises(RetrieverError):
