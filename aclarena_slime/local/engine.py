@@ -3,7 +3,8 @@
 Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, ``return_logprob``,
 ``logprob_start_len``, ``return_text_in_logprobs``, ``lora_path``; ``max_new_tokens: 0`` scores the prompt), ``POST /load_lora_adapter`` (with an optional ``checksum`` of the folder, checked
 before the adapter is served; SGLang has no such field) / ``/unload_lora_adapter``, ``GET /health``,
-``/health_generate``, ``/v1/models``, and OpenAI ``POST /v1/chat/completions`` (``model="<served>"`` is
+``/health_generate``, ``GET /server_info`` (``/get_server_info``: the context length and, in ``internal_states``,
+the tokens generated so far), ``/v1/models``, and OpenAI ``POST /v1/chat/completions`` (``model="<served>"`` is
 the base model, ``"<served>:<adapter>"`` an adapter) for user simulators and the router. Since the
 protocol is SGLang's, :mod:`aclarena_slime.rollout` and everything else run against it unchanged.
 :mod:`.sglang_server` adds what slime's external-engine mode needs on top of this app.
@@ -20,7 +21,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from aclarena_slime.local.generation import (
     SamplingParams,
     UnknownAdapter,
 )
+
+SGLANG_VERSION = "0.5.15.post1"  # the SGLang release whose API the engine answers (slime 624b824's image)
 
 
 class LocalEngine:
@@ -65,8 +68,16 @@ class LocalEngine:
         with torch.no_grad():
             self.model.base.load_state_dict(state)
 
-    def app(self) -> web.Application:
+    def app(self, server_args: Callable[[], dict[str, Any]] = dict) -> web.Application:
+        """The engine's HTTP app; ``server_args`` fills ``/server_info`` with SGLang's server arguments (the
+        serve-engine's, :class:`~aclarena_slime.local.sglang_server.SGLangServer`)."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
+
+        async def server_info(request: web.Request) -> web.Response:
+            return await self._server_info(server_args())
+
+        for path in ("/server_info", "/get_server_info"):
+            app.router.add_get(path, server_info)
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/load_lora_adapter", self._load)
         app.router.add_post("/unload_lora_adapter", self._unload)
@@ -207,6 +218,16 @@ class LocalEngine:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
+
+    async def _server_info(self, server_args: dict[str, Any]) -> web.Response:
+        """SGLang's ``/server_info``: the server arguments, the context length, the version and the engine's state
+        (the tokens generated so far: what a stage's metrics read, over HTTP as from SGLang)."""
+        return web.json_response({
+            **server_args,
+            "max_total_num_tokens": self.model.max_positions,
+            "internal_states": [{"engine": "aclarena-local", "generated_tokens": self.generated_tokens}],
+            "version": SGLANG_VERSION,
+        })  # fmt: skip
 
     async def _health_generate(self, request: web.Request) -> web.Response:
         """As SGLang: generate one token, unless requests are in flight (then they prove the engine works)."""

@@ -208,7 +208,7 @@ async def run_experts(sessions: Sequence[LocalSession], output_dir: str | Path) 
             return Expert(session.records, session.loop, step, recompute, publish)
 
         results = await grpo_loop(stage.context, [expert(s) for s in sessions])
-        generated = stage.engine.generated_tokens
+        generated = await stage.generated_tokens()
     table = ExpertTable.from_mapping(
         {
             "base": {"name": served_name, "path": str(model_dir)},

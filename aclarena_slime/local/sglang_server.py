@@ -5,7 +5,7 @@
 :class:`~aclarena_slime.local.engine.LocalEngine`'s app (``/generate``, LoRA load/unload, health,
 OpenAI chat) it answers, with SGLang 0.5.15's names and shapes:
 
-- ``GET /server_info`` (and the deprecated ``/get_server_info``): the server arguments. Slime compares
+- ``GET /server_info`` (and the deprecated ``/get_server_info``; the engine's app answers it): the server arguments. Slime compares
   some of them with what it would have launched; ``enable_memory_saver`` must be false for an
   external engine (``slime/backends/sglang_utils/sglang_engine.py``, ``_init_external``).
 - ``GET /model_info`` (``/get_model_info``), ``GET /v1/loads`` (``/get_load``), ``POST /abort_request``
@@ -37,9 +37,8 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from aclarena_slime import sglang_errors
-from aclarena_slime.local.engine import LocalEngine
+from aclarena_slime.local.engine import SGLANG_VERSION, LocalEngine
 
-SGLANG_VERSION = "0.5.15.post1"  # the SGLang release whose API this answers (slime 624b824's image)
 CALL_PREFIX = "[engine] "
 
 
@@ -58,10 +57,8 @@ class SGLangServer:
         self.remembered: dict[str, str] = {}  # every adapter loaded: SGLang's lora_ref_cache
 
     def app(self) -> web.Application:
-        app = self.engine.app()
+        app = self.engine.app(server_args=self.server_args)
         app.middlewares.append(self._log_and_shape)
-        for path in ("/server_info", "/get_server_info"):
-            app.router.add_get(path, self._server_info)
         for path in ("/model_info", "/get_model_info"):
             app.router.add_get(path, self._model_info)
         app.router.add_get("/v1/loads", self._loads)
@@ -102,15 +99,6 @@ class SGLangServer:
         }
 
     # --- handlers ----------------------------------------------------------------------------------
-
-    async def _server_info(self, request: web.Request) -> web.Response:
-        info = {
-            **self.server_args(),
-            "max_total_num_tokens": self.engine.model.max_positions,
-            "internal_states": [{"engine": "aclarena-local", "generated_tokens": self.engine.generated_tokens}],
-            "version": SGLANG_VERSION,
-        }
-        return web.json_response(info)
 
     async def _model_info(self, request: web.Request) -> web.Response:
         config = self.engine.model.base.config

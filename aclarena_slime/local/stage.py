@@ -136,6 +136,7 @@ async def run_session(session: LocalSession) -> dict[str, Any]:
     async with served_stage(session.engine, model_dir, functools.partial(stage_env_configs, session.records)) as stage:
         phase = sft_phase if session.kind == "sft" else grpo_phase
         result = await phase(session, stage, trainer)
+        generated = await stage.generated_tokens()
     result = {
         "backend": "local",
         "kind": session.kind,
@@ -152,7 +153,7 @@ async def run_session(session: LocalSession) -> dict[str, Any]:
         result["eval_before"] = warm.pop("eval_before")
         result["warm_start"] = warm
     result["seconds"] = round(time.monotonic() - started, 2)
-    result["engine_generated_tokens"] = stage.engine.generated_tokens + (warm or {}).get("engine_generated_tokens", 0)
+    result["engine_generated_tokens"] = generated + (warm or {}).get("engine_generated_tokens", 0)
     write_json_atomic(paths.metrics_path, result)
     return result
 
@@ -213,6 +214,12 @@ class ServedStage:
     def env(self) -> Any:
         """The stage's own env (the context's instance: one per tag)."""
         return self.context.env(next(iter(self.context.env_configs)))
+
+    async def generated_tokens(self) -> int:
+        """The tokens the engine has generated, as its ``/server_info`` says (``internal_states``): the stage reads
+        the engine through its HTTP API, as it would read SGLang."""
+        info = await self.context.client().get("/server_info")
+        return int(info["internal_states"][0]["generated_tokens"])
 
 
 @contextlib.asynccontextmanager
@@ -692,6 +699,7 @@ async def warm_start_examples(
                 examples += tag_examples
                 reports[tag] = {"records": len(tag_records), "examples": len(tag_examples), **replay.as_dict()}
             progress.advance(task)
+        generated = await stage.generated_tokens()
     if not reports[env_tag]["examples"]:
         raise LocalStageError(
             f"no gold demo trajectory of {warm.demos} scored at least the warm start's bar within "
@@ -701,7 +709,7 @@ async def warm_start_examples(
     if replayed:
         report["mixed"] = {tag: r["examples"] for tag, r in reports.items()}
         report["replayed"] = {tag: r for tag, r in reports.items() if tag != env_tag}
-    return before, examples, report, stage.engine.generated_tokens
+    return before, examples, report, generated
 
 
 def prepare_model(source: str, out: Path, seed: int, shape: TinyShape | None = None, texts: Sequence[str] = ()) -> Path:

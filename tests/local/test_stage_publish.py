@@ -122,3 +122,19 @@ def test_a_published_adapter_is_the_peft_folder_a_chained_stage_continues(tiny_m
     mine = {n: p for n, p in trainer.model.named_parameters() if "lora" in n}
     theirs = {n: p for n, p in chained.model.named_parameters() if "lora" in n}
     assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_the_stage_reads_the_engines_count_through_its_http_api(tiny_model_dir, tmp_path):
+    """The stage's metrics take the engine's generated tokens from ``/server_info``, as from SGLang, not from the
+    engine object."""
+    session = local_session(tmp_path, *LEARNABLE)
+
+    async def run() -> tuple[int, int, int]:
+        async with stage_module.served_stage(session.engine, tiny_model_dir, lambda url: {"learnable": {}}) as stage:
+            before = await stage.generated_tokens()
+            params = {"max_new_tokens": 5, "ignore_eos": True, "temperature": 1.0}
+            await stage.context.client().generate([5, 6, 7], params, return_logprob=False)
+            return before, await stage.generated_tokens(), stage.engine.generated_tokens
+
+    before, after, counted = asyncio.run(run())
+    assert (before, after) == (0, 5) and after == counted
