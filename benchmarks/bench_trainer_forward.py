@@ -58,7 +58,8 @@ def main(args: argparse.Namespace) -> None:
     for column in ("prompt tokens", "causal only (s)", "range", "padding mask (s)", "range", "x faster", "max |diff|"):
         table.add_column(column, justify="right")
     for length in (int(n) for n in args.lengths.split(",")):
-        sequences = [torch.randint(1, 518, (length + 24 - 4 * i,), generator=generator).tolist() for i in range(args.batch)]
+        lengths = [length + 24 - 4 * i for i in range(args.batch)]
+        sequences = [torch.randint(1, 518, (n,), generator=generator).tolist() for n in lengths]
         with torch.no_grad():
             ours, causal = timed(lambda: right_padded_logits(model, sequences, 0)[1], args.repeat)  # noqa: B023
             anchor, masked = timed(lambda: masked_logits(model, sequences, 0), args.repeat)  # noqa: B023

@@ -97,7 +97,8 @@ async def _examples(session: LocalSession, model_dir: Path) -> tuple[list[SftExa
     records, warm = session.records, session.warm_start
     if warm is None:  # build_base gives each domain with gold demos the base's warm start
         raise ValueError(f"the arena's base: domain {records.env!r} has no warm start")
-    env = get_environment(records.env, bind_engine(records.env_config, "http://127.0.0.1:0", records.served_name))
+    config = bind_engine(records.env_config, "http://127.0.0.1:0", session.engine.served_name)
+    env = get_environment(records.env, config)
     try:
         chat = load_chat_tokens(str(model_dir))
         best = env.reward_range[1] if warm.min_reward is None else warm.min_reward

@@ -128,7 +128,7 @@ def held_out_suite(sessions: Sequence[LocalSession]) -> EvalSuite:
             env=s.env,
             demo=s.records.eval_size,
             temperature=0.0,
-            max_response_len=s.loop.evaluation.max_new_tokens,
+            max_response_len=s.eval_response_len,
             env_config=dict(s.records.env_config),
         )  # fmt: skip
         for s in sessions

@@ -184,7 +184,7 @@ async def run_experts(sessions: Sequence[LocalSession], output_dir: str | Path) 
     out = Path(output_dir).resolve()
     first = sessions[0]
     served_name = first.engine.served_name
-    model_dir = stage_model(first.model, out)  # the one backbone (the tiny model is written once, under out/)
+    model_dir = stage_model(first.model, out, first.seed)  # the one backbone (the tiny model written once, under out/)
     trainer = MultiExpertTrainer.build(
         model_dir, {s.policy.name: (s.policy.train, s.policy.lora) for s in sessions}, seed=first.seed
     )
@@ -192,7 +192,8 @@ async def run_experts(sessions: Sequence[LocalSession], output_dir: str | Path) 
     served = served_stage(
         first.engine,
         model_dir,
-        env_configs=lambda url: {s.env: bind_engine(s.records.env_config, url, served_name) for s in sessions},
+        first.seed,
+        env_configs=lambda url, name: {s.env: bind_engine(s.records.env_config, url, name) for s in sessions},
         experts=ExpertTable.from_mapping({s.env: s.policy.name for s in sessions}),
     )  # one engine on the backbone, one rollout context holding every expert's env
     async with served as stage:

@@ -27,14 +27,15 @@ PROMPTS, SAMPLES, TOKENS = 2, 2, 16  # a probe, not a run: a few short rollouts
 async def probe(session: LocalSession) -> parity.ParityReport:
     """Roll out a few of the stage's prompts and compare; the report (not raised: the doctor lists it)."""
     policy = session.policy
-    model_dir = stage_model(session.model, session.paths.output_dir, await tokenizer_texts(session))
+    model_dir = stage_model(session.model, session.paths.output_dir, session.seed, await tokenizer_texts(session))
     trainer = PolicyTrainer.build(model_dir, policy.train, policy.lora, policy.base_adapter, session.seed)
-    async with served_stage(session.engine, model_dir, functools.partial(stage_env_configs, session.records)) as stage:
+    env_configs = functools.partial(stage_env_configs, session.records)
+    async with served_stage(session.engine, model_dir, session.seed, env_configs) as stage:
         if not policy.full:
             await serve_policy(stage, trainer, policy.name, session.paths.adapter_dir, loaded=False)
         records = stage_records(stage.env, session.records).train[:PROMPTS]
         limit = asyncio.Semaphore(session.loop.max_concurrency)
-        samples = await rollout_step(stage.context, records, session.loop.sampling, 0, limit)
+        samples = await rollout_step(stage.context, records, session.loop.sampling, 0, session.seed, limit)
     batch = [to_train_sample(s) for s in samples if s.usable]
     engine = [s.rollout_log_probs for s in batch]
     masks = [s.loss_mask for s in batch]
@@ -47,10 +48,9 @@ def probe_session(session: LocalSession, scratch: Path) -> LocalSession:
     training records drawn as the stage would draw them for a step of that many prompts)."""
     loop, records, settings = session.loop, session.records, session.settings
     over_sampling = settings["rollout"]["over_sampling_batch_size"]  # a round's prompts: this, else a step's
-    groups = dataclasses.replace(loop.sampling.groups, samples=SAMPLES, max_new_tokens=TOKENS)
+    groups = dataclasses.replace(loop.sampling.groups, samples=SAMPLES)
     sampling = dataclasses.replace(loop.sampling, groups=groups, prompts_per_step=PROMPTS,
                                    prompts_per_round=over_sampling or PROMPTS)  # fmt: skip
-    evaluation = dataclasses.replace(loop.evaluation, max_new_tokens=settings["data"]["eval_max_response_len"] or TOKENS)
     budgets = dataclasses.replace(session.engine.budgets, max_response_len=TOKENS)
     sizes = {"rollout": {**settings["rollout"], "rollout_batch_size": PROMPTS, "n_samples_per_prompt": SAMPLES,
                          "rollout_max_response_len": TOKENS},
@@ -60,8 +60,8 @@ def probe_session(session: LocalSession, scratch: Path) -> LocalSession:
         paths=dataclasses.replace(session.paths, output_dir=scratch),
         engine=dataclasses.replace(session.engine, budgets=budgets),
         records=dataclasses.replace(records, train_prompts=loop.steps * sampling.prompts_per_round,
-                                    warm_start_records=0, prompts_per_step=PROMPTS),  # fmt: skip
-        loop=dataclasses.replace(loop, sampling=sampling, evaluation=evaluation),
+                                    warm_start_records=0),  # fmt: skip
+        loop=dataclasses.replace(loop, sampling=sampling),
         policy=dataclasses.replace(session.policy, train=dataclasses.replace(session.policy.train, rollouts=groups)),
         warm_start=None,
         settings={**settings, **sizes},

@@ -7,7 +7,7 @@ recipe's settings have no defaults here: the recipe's are the only ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aclarena_slime.kl import KL_TYPES
 
@@ -44,7 +44,8 @@ class Backprop:
     max_grad_norm: float = 1.0  # slime's clip_grad default; no recipe key sets it
 
     def __post_init__(self) -> None:
-        if not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool) or self.micro_batch_size < 1:
+        size = self.micro_batch_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"micro_batch_size must be a positive integer, got {self.micro_batch_size!r}")
 
 
@@ -67,13 +68,20 @@ class LossSettings:
 @dataclass(frozen=True)
 class Sampling:
     """How a set of rollouts is drawn: ``samples`` a prompt at ``temperature`` / ``top_p``, ``max_new_tokens``
-    each, sample ``j`` of prompt ``i`` seeded from ``seed`` and its number."""
+    each (None: the run's response budget, ``rollout.rollout_max_response_len``, as slime's rollout spends it;
+    sample ``j`` of prompt ``i`` seeded from the stage's seed and its number, :mod:`.rollouts`)."""
 
     samples: int
     temperature: float
     top_p: float
-    max_new_tokens: int
-    seed: int
+    max_new_tokens: int | None
+
+    def request(self, greedy: bool = False) -> dict[str, Any]:
+        """The sampling parameters of its requests (greedy: temperature 0, no nucleus); a ``max_new_tokens``
+        only where it is not the run's budget (:func:`aclarena_slime.rollout.loop_settings` spends that)."""
+        params: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0} if greedy else {
+            "temperature": self.temperature, "top_p": self.top_p}  # fmt: skip
+        return params if self.max_new_tokens is None else {**params, "max_new_tokens": self.max_new_tokens}
 
 
 @dataclass(frozen=True, kw_only=True)

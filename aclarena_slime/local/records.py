@@ -139,15 +139,13 @@ class RecordSettings:
 
     env: str
     env_config: Mapping[str, Any]
-    served_name: str
-    seed: int
+    seed: int  # the stage's seed (``cluster.local.seed``): the records' draw, and the session's
     data_path: str | None
     eval_data_path: str | None
     eval_size: int
     train_prompts: int
     warm_start_records: int  # 0: no warm start
     validation_size: int
-    prompts_per_step: int
     replay: Mapping[str, Any]
 
 
@@ -229,13 +227,14 @@ def prompt_key(record: dict[str, Any]) -> str:
     return json.dumps(record.get("prompt"), sort_keys=True)
 
 
-def stage_env_configs(settings: RecordSettings, url: str) -> dict[str, dict[str, Any]]:
-    """The settings of every env the stage runs, bound to its engine at ``url``: its own env's first, then each
-    replayed domain's (``settings.replay``'s ``env_config``: what that domain's own stage ran with, so the earlier
-    env plays here as it played there, its engine placeholders now naming this stage's engine)."""
+def stage_env_configs(settings: RecordSettings, url: str, served_name: str) -> dict[str, dict[str, Any]]:
+    """The settings of every env the stage runs, bound to its engine at ``url`` serving ``served_name``: its own
+    env's first, then each replayed domain's (``settings.replay``'s ``env_config``: what that domain's own stage
+    ran with, so the earlier env plays here as it played there, its engine placeholders now naming this stage's
+    engine)."""
     replayed = (settings.replay.get("env_config") or {}) if settings.replay.get("enabled") else {}
     configs = {settings.env: settings.env_config, **{t: replayed.get(t) or {} for t in settings.replay.get("domains") or ()}}
-    return {tag: bind_engine(config, url, settings.served_name) for tag, config in configs.items()}
+    return {tag: bind_engine(config, url, served_name) for tag, config in configs.items()}
 
 
 def checked_keys(env: Environment, eval_size: int) -> set[str]:
@@ -249,11 +248,11 @@ def replay_mixture(
     settings: RecordSettings,
     own: list[dict[str, Any]],
     env_configs: Mapping[str, Mapping[str, Any]],
-    per_step: int | None = None,
+    per_step: int,
     domains: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The replay baseline (``settings.replay``; empty: ``own`` as it is): the earlier domains' demo records mixed
-    into the stage's own records, each batch of ``per_step`` (default: a GRPO step's prompts) holding the
+    into the stage's own records, each batch of ``per_step`` (a GRPO step's prompts) holding the
     replay shares (largest remainder). The GRPO phase mixes its prompts with it, the warm start its gold-demo
     records (``per_step``: its batch; ``domains``: the earlier domains with gold demos).
 
@@ -272,7 +271,7 @@ def replay_mixture(
         held_out = checked_keys(env, settings.eval_size) | {prompt_key(r) for r in own_evaluation}
         records = demo_records(env, len(own), settings.seed)
         earlier[tag] = [r for r in records if prompt_key(r) not in held_out] or _not_held_out(records, tag)
-    return replay_records(values, own, earlier, settings.seed, per_step or settings.prompts_per_step)
+    return replay_records(values, own, earlier, settings.seed, per_step)
 
 
 def _not_held_out(records: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import functools
 import statistics
 from typing import Any
 
+from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 from aclarena_slime.local.group_filter import PromptStream, SampledStep, sample_groups
 from aclarena_slime.local.parts import Sampling, StepSampling
 from aclarena_slime.local.records import Sample, StageRecords, new_sample
@@ -17,32 +18,40 @@ from aclarena_slime.rollout import RolloutContext, run_sample, score_sample
 
 
 async def rollout_step(
-    context: RolloutContext, records: list[dict[str, Any]], step: StepSampling, number: int, limit: asyncio.Semaphore
+    context: RolloutContext,
+    records: list[dict[str, Any]],
+    step: StepSampling,
+    number: int,
+    seed: int,
+    limit: asyncio.Semaphore,
 ) -> list[Sample]:
     """The rollouts of each record (one GRPO group per record, numbered from step ``number``'s first), rewarded."""
     numbered = [(number * step.prompts_per_step + g, record) for g, record in enumerate(records)]
-    return [s for group in await rollout_groups(context, numbered, step.groups, limit) for s in group]
+    return [s for group in await rollout_groups(context, numbered, step.groups, seed, limit) for s in group]
 
 
 async def rollout_groups(
-    context: RolloutContext, numbered: list[tuple[int, dict[str, Any]]], sampling: Sampling, limit: asyncio.Semaphore
+    context: RolloutContext,
+    numbered: list[tuple[int, dict[str, Any]]],
+    sampling: Sampling,
+    seed: int,
+    limit: asyncio.Semaphore,
 ) -> list[list[Sample]]:
     """One GRPO group of ``sampling.samples`` rewarded rollouts per ``(group number, record)``; sample ``k`` of
-    group ``g`` is sample ``g * samples + k`` of the stage (its sampling seed)."""
+    group ``g`` is sample ``g * samples + k`` of the stage (drawn from the stage's ``seed``)."""
     k = sampling.samples
     groups = [[new_sample(record, g, g * k + j) for j in range(k)] for g, record in numbered]
-    params = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
-    await _gather(context, [s for group in groups for s in group], params, sampling.seed, limit)
+    await _gather(context, [s for group in groups for s in group], sampling.request(), seed, limit)
     return groups
 
 
 async def sample_step(
-    context: RolloutContext, stream: PromptStream, step: StepSampling, limit: asyncio.Semaphore
+    context: RolloutContext, stream: PromptStream, step: StepSampling, seed: int, limit: asyncio.Semaphore
 ) -> SampledStep:
     """A GRPO step's groups (:class:`StepSampling`)."""
     return await sample_groups(
         stream,
-        functools.partial(rollout_groups, context, sampling=step.groups, limit=limit),
+        functools.partial(rollout_groups, context, sampling=step.groups, seed=seed, limit=limit),
         step.prompts_per_step,
         step.prompts_per_round,
         step.group_filter,
@@ -54,19 +63,21 @@ async def evaluate(
     context: RolloutContext,
     records: list[dict[str, Any]],
     sampling: Sampling,
+    seed: int,
     limit: asyncio.Semaphore,
     greedy: bool = False,
 ) -> dict[str, Any]:
     """Mean reward of ``sampling.samples`` rollouts per held-out record (avg@n; greedy at temperature 0), or with
     ``greedy`` of one greedy rollout per record. Sample ``j`` of record ``i`` has its own seed, the same whatever
-    the policy, so two evaluations of one stage differ by the policy, not by the draw."""
+    the policy, so two evaluations of one stage differ by the policy, not by the draw; the draw is the stage's
+    ``seed`` moved by :data:`~aclarena_slime.evaluation.suite.HELD_OUT_SEED`, apart from training's."""
     k = 1 if greedy else sampling.samples
-    how = {"temperature": 0.0 if greedy else sampling.temperature, "top_p": 1.0 if greedy else sampling.top_p}
+    params = sampling.request(greedy)
+    how = {"temperature": params["temperature"], "top_p": params["top_p"]}
     if not records:
         return {"n": 0, "mean_reward": None, "excluded": 0, "prompts": 0, "samples_per_prompt": k, **how}
     samples = [new_sample(r, i, i * k + j) for i, r in enumerate(records) for j in range(k)]
-    params = {**how, "max_new_tokens": sampling.max_new_tokens}
-    await _gather(context, samples, params, sampling.seed, limit)
+    await _gather(context, samples, params, seed + HELD_OUT_SEED, limit)
     usable = [s for s in samples if s.usable]
     mean = statistics.fmean(s.reward for s in usable) if usable else None
     return {"n": len(usable), "mean_reward": mean, "excluded": len(samples) - len(usable), "prompts": len(records),
@@ -80,11 +91,16 @@ def in_stage(records: StageRecords, stage_eval: bool) -> list[dict[str, Any]]:
 
 
 async def validate(
-    context: RolloutContext, records: list[dict[str, Any]], sampling: Sampling, limit: asyncio.Semaphore, step: int
+    context: RolloutContext,
+    records: list[dict[str, Any]],
+    sampling: Sampling,
+    seed: int,
+    limit: asyncio.Semaphore,
+    step: int,
 ) -> dict[str, Any]:
     """The reward on the validation prompts after ``step`` GRPO steps, evaluated as the held-out prompts are: what
     settings are chosen on."""
-    return {"step": step, **await evaluate(context, records, sampling, limit)}
+    return {"step": step, **await evaluate(context, records, sampling, seed, limit)}
 
 
 async def _gather(

@@ -100,7 +100,6 @@ def expert_sessions(session: LocalSession, env_configs: Mapping[str, Any]) -> li
                     "local": {**session.settings["local"], "warm_start_steps": 0}}  # fmt: skip
         out.append(dataclasses.replace(
             session,
-            env=tag,
             paths=dataclasses.replace(session.paths, output_dir=output_dir),
             records=dataclasses.replace(records, env=tag, env_config=env_config, warm_start_records=0),
             policy=dataclasses.replace(policy, name=tag, lora=expert),

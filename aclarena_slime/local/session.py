@@ -69,24 +69,23 @@ class StagePaths:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """The model folder's source: ``"tiny"`` (built in process, of ``shape``) or a model folder; the seed and
-    torch threads the stage runs with."""
+    """The model folder's source: ``"tiny"`` (built in process, of ``shape``, from the stage's seed) or a model
+    folder; the torch threads the stage runs with."""
 
     source: str
     shape: TinyShape
-    seed: int
     torch_threads: int | None
 
 
 @dataclass(frozen=True)
 class EngineParts:
-    """The embedded engine: its batching, address, served name and seed, and the rollouts' budgets."""
+    """The embedded engine: its batching, address and served name, and the rollouts' budgets (its seed: the
+    stage's)."""
 
     settings: EngineSettings
     host: str
     port: int
     served_name: str
-    seed: int
     budgets: Budgets
 
 
@@ -150,9 +149,7 @@ class SftStage:
 class LocalSession:
     """A local stage's parts, built once by :func:`open_session`."""
 
-    env: str
     kind: str
-    seed: int
     paths: StagePaths
     model: ModelSource
     engine: EngineParts
@@ -164,6 +161,21 @@ class LocalSession:
     monitor: Mapping[str, Any]
     settings: Mapping[str, Any]  # every resolved setting, as the metrics record them
 
+    @property
+    def env(self) -> str:
+        """The stage's env tag (``data.env``): its records'."""
+        return self.records.env
+
+    @property
+    def eval_response_len(self) -> int:
+        """The held-out evaluation's response budget: ``data.eval_max_response_len``, else the run's."""
+        return self.loop.evaluation.max_new_tokens or self.engine.budgets.max_response_len
+
+    @property
+    def seed(self) -> int:
+        """The stage's seed (``cluster.local.seed``): its records', its model's, its engine's and its trainer's."""
+        return self.records.seed
+
 
 def open_session(recipe: StageRecipe) -> LocalSession:
     """The builder: a typed stage recipe (``cluster.local`` included) into the stage's parts, each setting read here
@@ -172,7 +184,6 @@ def open_session(recipe: StageRecipe) -> LocalSession:
     values below); an env without gold demos, or a stage continuing ``base_adapter``, runs without the warm start
     (a warning says so)."""
     check_local(recipe)
-    from aclarena_slime.evaluation.suite import HELD_OUT_SEED
 
     algorithm, rollout, data, local, custom = recipe.algorithm, recipe.rollout, recipe.data, recipe.cluster.local, recipe.custom
     env, full, sft_stage = data.env, not recipe.lora.enabled, recipe.kind == "sft"
@@ -186,24 +197,23 @@ def open_session(recipe: StageRecipe) -> LocalSession:
                             per_token=bool(algorithm.extra.get("calculate_per_token_loss", False)),
                             clip_low=algorithm.eps_clip,
                             clip_high=algorithm.eps_clip if algorithm.eps_clip_high is None else algorithm.eps_clip_high,
-                            kl=KlTerm(algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0, algorithm.kl_loss_type))  # fmt: skip
-        groups = Sampling(rollout.n_samples_per_prompt, rollout.rollout_temperature, local.top_p,
-                          rollout.rollout_max_response_len, local.seed)  # fmt: skip
+                            kl=KlTerm(algorithm.kl_loss_coef if algorithm.use_kl_loss else 0.0,
+                                      algorithm.kl_loss_type))  # fmt: skip
+        groups = Sampling(rollout.n_samples_per_prompt, rollout.rollout_temperature, local.top_p, None)  # the budget
         backprop = Backprop(local.micro_batch_size)
         train = TrainSettings(loss=loss, lr=algorithm.lr, adam_betas=(algorithm.adam_beta1, algorithm.adam_beta2),
                               weight_decay=algorithm.weight_decay, rollouts=groups,
-                              updates_per_step=local.updates_per_step, minibatches=minibatches, backprop=backprop)  # fmt: skip
+                              updates_per_step=local.updates_per_step, minibatches=minibatches,
+                              backprop=backprop)  # fmt: skip
         filters = dataclasses.asdict(custom.aclarena_filters) if custom.aclarena_filters else {}
         group_filter = _group_filter(rollout.dynamic_sampling_filter_path, filters)
         per_round = rollout.over_sampling_batch_size or rollout.rollout_batch_size
         sampling = StepSampling(groups, rollout.rollout_batch_size, per_round, group_filter, local.max_sampling_rounds)
-        # avg@n_samples_per_eval_prompt at the evaluation temperature (slime's None: the rollout's), seeded apart
-        # from training's
+        # avg@n_samples_per_eval_prompt at the evaluation temperature (slime's None: the rollout's)
         evaluation = Sampling(data.n_samples_per_eval_prompt or 1,
                               rollout.rollout_temperature if data.eval_temperature is None else data.eval_temperature,
                               1.0 if data.eval_top_p is None else data.eval_top_p,
-                              data.eval_max_response_len or rollout.rollout_max_response_len,
-                              local.seed + HELD_OUT_SEED)  # fmt: skip
+                              data.eval_max_response_len)  # fmt: skip
         warm = None
         if warm_steps:
             sft = SftSettings(steps=warm_steps, batch_size=local.warm_start_batch_size, lr=local.warm_start_lr,
@@ -220,21 +230,19 @@ def open_session(recipe: StageRecipe) -> LocalSession:
     output_dir = Path(f"{recipe.run_dir}/local")
     sections = ("algorithm", "rollout", "data", "lora", "custom", "monitor")
     return LocalSession(
-        env=env,
         kind=recipe.kind,
-        seed=local.seed,
         paths=StagePaths(output_dir, full),
-        model=ModelSource(backbone or adapter_backbone(local.base_adapter) or local.model, shape, local.seed,
+        model=ModelSource(backbone or adapter_backbone(local.base_adapter) or local.model, shape,
                           local.torch_threads),  # fmt: skip
-        engine=EngineParts(engine, local.engine_host, local.engine_port, local.served_name, local.seed,
+        engine=EngineParts(engine, local.engine_host, local.engine_port, local.served_name,
                            Budgets(max_response_len=rollout.rollout_max_response_len,
                                    mode=response_budget_mode(custom.aclarena_response_budget))),  # fmt: skip
         records=RecordSettings(
-            env=env, env_config=env_config, served_name=local.served_name, seed=local.seed, data_path=local.data_path,
+            env=env, env_config=env_config, seed=local.seed, data_path=local.data_path,
             eval_data_path=local.eval_data_path, eval_size=local.eval_size,
             train_prompts=rollout.num_rollout * per_round,  # a round a step; a step of more rounds reads on
             warm_start_records=local.warm_start_records if warm_steps else 0, validation_size=local.validation_size,
-            prompts_per_step=rollout.rollout_batch_size, replay=_replay(custom.aclarena_replay, env, recipe.env_config),
+            replay=_replay(custom.aclarena_replay, env, recipe.env_config),
         ),  # fmt: skip
         policy=PolicyParts(lora.adapter_name if lora else env, lora, local.base_adapter, train),
         loop=LoopSettings(rollout.num_rollout, sampling, evaluation, local.max_concurrency, local.stage_eval,

@@ -66,7 +66,9 @@ def masked_nll(model: Any, batch: Sequence[SftExample], pad_id: int) -> tuple[to
     return (nll * target_mask).sum(), int(target_mask.sum())
 
 
-def right_padded_logits(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def right_padded_logits(
+    model: Any, sequences: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``sequences`` right-padded into one batch, and ``model``'s logits over it.
 
     A forward without gradients (the reference's, the parity check's, the measurements') runs without an attention
@@ -215,9 +217,9 @@ def train_sft(
     """``settings.steps`` SFT steps on the parameters of ``model`` that require a gradient.
 
     Returns the per-token NLL of ``examples`` (the first ``settings.nll_examples``) before and after, the mean
-    loss of the first and last tenth of the steps, and the seconds taken. With ``settings.kl.coef`` > 0 the loss holds the KL term to
-    ``reference`` (frozen; required then), and the report the KL (``kl_first``/``kl_last`` per step,
-    ``kl_after`` on all ``examples``).
+    loss of the first and last tenth of the steps, and the seconds taken. With ``settings.kl.coef`` > 0 the loss
+    holds the KL term to ``reference`` (frozen; required then), and the report the KL (``kl_first``/``kl_last``
+    per step, ``kl_after`` on all ``examples``).
     """
     if not examples:
         raise SftError("no SFT examples (did every demo trajectory fail the reward filter?)")

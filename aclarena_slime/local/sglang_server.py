@@ -5,9 +5,9 @@
 :class:`~aclarena_slime.local.engine.LocalEngine`'s app (``/generate``, LoRA load/unload, health,
 OpenAI chat) it answers, with SGLang 0.5.15's names and shapes:
 
-- ``GET /server_info`` (and the deprecated ``/get_server_info``; the engine's app answers it): the server arguments. Slime compares
-  some of them with what it would have launched; ``enable_memory_saver`` must be false for an
-  external engine (``slime/backends/sglang_utils/sglang_engine.py``, ``_init_external``).
+- ``GET /server_info`` (and the deprecated ``/get_server_info``; the engine's app answers it): the server
+  arguments. Slime compares some of them with what it would have launched; ``enable_memory_saver`` must be
+  false for an external engine (``slime/backends/sglang_utils/sglang_engine.py``, ``_init_external``).
 - ``GET /model_info`` (``/get_model_info``), ``GET /v1/loads`` (``/get_load``), ``POST /abort_request``
   (``rid`` or ``abort_all``), ``GET|POST /flush_cache``, ``GET /weight_version`` is SGLang's 404.
 

@@ -122,7 +122,7 @@ async def run_session(session: LocalSession) -> dict[str, Any]:
     SFT or GRPO phase on one served engine; the metrics."""
     started = time.monotonic()
     paths, policy, warm_start = session.paths, session.policy, session.warm_start
-    model_dir = start_dir = stage_model(session.model, paths.output_dir, await tokenizer_texts(session))
+    model_dir = start_dir = stage_model(session.model, paths.output_dir, session.seed, await tokenizer_texts(session))
     warm: dict[str, Any] | None = None
     if warm_start is not None and not warm_start.into_policy:
         model_dir, warm = await warm_start_phase(session, model_dir)
@@ -133,7 +133,8 @@ async def run_session(session: LocalSession) -> dict[str, Any]:
         trainer.reference = load_reference(start_dir)
     if warm_start is not None and warm_start.into_policy:
         warm = await policy_warm_start(session, model_dir, trainer)
-    async with served_stage(session.engine, model_dir, functools.partial(stage_env_configs, session.records)) as stage:
+    env_configs = functools.partial(stage_env_configs, session.records)
+    async with served_stage(session.engine, model_dir, session.seed, env_configs) as stage:
         phase = sft_phase if session.kind == "sft" else grpo_phase
         result = await phase(session, stage, trainer)
         generated = await stage.generated_tokens()
@@ -158,7 +159,7 @@ async def run_session(session: LocalSession) -> dict[str, Any]:
     return result
 
 
-def stage_model(model: ModelSource, out: Path, texts: Sequence[str] = ()) -> Path:
+def stage_model(model: ModelSource, out: Path, seed: int, texts: Sequence[str] = ()) -> Path:
     """What every local stage does first: its output folder, torch threads, seeds, and its model folder.
 
     ``texts``: extra training text for the tiny model's tokenizer (see :func:`tokenizer_texts`).
@@ -168,9 +169,9 @@ def stage_model(model: ModelSource, out: Path, texts: Sequence[str] = ()) -> Pat
     out.mkdir(parents=True, exist_ok=True)
     if model.torch_threads:
         torch.set_num_threads(model.torch_threads)
-    random.seed(model.seed)
-    torch.manual_seed(model.seed)
-    return prepare_model(model.source, out, model.seed, model.shape, texts)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    return prepare_model(model.source, out, seed, model.shape, texts)
 
 
 async def tokenizer_texts(session: LocalSession) -> list[str]:
@@ -183,7 +184,7 @@ async def tokenizer_texts(session: LocalSession) -> list[str]:
     warm = session.warm_start
     if session.model.source != TINY_MODEL or warm is None or not warm.demos:
         return []
-    records = (await offline_records(session.records)).warm_start
+    records = (await offline_records(session.records, session.engine.served_name)).warm_start
     turns_of = load_demo_turns(str(warm.demos))
     texts: list[str] = []
     for record in records:
@@ -192,9 +193,9 @@ async def tokenizer_texts(session: LocalSession) -> list[str]:
     return texts
 
 
-async def offline_records(settings: RecordSettings) -> StageRecords:
+async def offline_records(settings: RecordSettings, served_name: str) -> StageRecords:
     """The stage's records, read before any engine runs (any URL in the env's settings stays unused)."""
-    env = get_environment(settings.env, bind_engine(settings.env_config, "http://127.0.0.1:0", settings.served_name))
+    env = get_environment(settings.env, bind_engine(settings.env_config, "http://127.0.0.1:0", served_name))
     try:
         return stage_records(env, settings)
     finally:
@@ -226,22 +227,24 @@ class ServedStage:
 async def served_stage(
     engine_parts: EngineParts,
     model_dir: Path,
-    env_configs: Callable[[str], dict[str, dict[str, Any]]],
+    seed: int,
+    env_configs: Callable[[str, str], dict[str, dict[str, Any]]],
     experts: ExpertTable | None = None,
 ) -> AsyncIterator[ServedStage]:
-    """The engine on ``model_dir`` (:func:`~aclarena_slime.local.engine.open_engine`) and one rollout context for
-    it: the envs ``env_configs`` gives for the engine's URL (a stage's: its env and the replayed ones,
+    """The engine on ``model_dir`` (:func:`~aclarena_slime.local.engine.open_engine`), seeded with the stage's
+    ``seed``, and one rollout context for it: the envs ``env_configs`` gives for the engine's URL and served name
+    (a stage's: its env and the replayed ones,
     :func:`~aclarena_slime.local.records.stage_env_configs`), their settings bound to the engine, budgets as the
     recipe says. On exit the context (its envs and HTTP session) is closed, on this loop, before the engine stops."""
     engine = open_engine(
-        model_dir, seed=engine_parts.seed, settings=engine_parts.settings, served_name=engine_parts.served_name
+        model_dir, seed=seed, settings=engine_parts.settings, served_name=engine_parts.served_name
     )
     async with engine.serve(engine_parts.host, engine_parts.port) as url:
         context = RolloutContext(
             engine_url=url,
             load_chat=functools.partial(load_chat_tokens, str(model_dir)),
             budgets=engine_parts.budgets,
-            env_configs=env_configs(url),
+            env_configs=env_configs(url, engine_parts.served_name),
             experts=experts,
         )
         try:
@@ -388,6 +391,11 @@ class _Run:
     validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     stopped: bool = False
 
+    @property
+    def seed(self) -> int:
+        """The expert's stage's seed: its draws'."""
+        return self.expert.records.seed
+
 
 async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[dict[str, Any]]:
     """The one GRPO loop, over one expert or N on one engine: each is evaluated (sampled, greedy beside a sampled
@@ -399,7 +407,8 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
         records, loop = expert.records, expert.loop
         await expert.publish(False)
         split = stage_records(context.env(records.env), records)
-        train = replay_mixture(records, split.train, context.env_configs)  # the replay baseline (else as is)
+        # the replay baseline's mixture (without it, the records as they are)
+        train = replay_mixture(records, split.train, context.env_configs, loop.sampling.prompts_per_step)
         validating = split.validation if loop.validation_eval else []  # the validation prompts evaluated
         runs.append(_Run(expert, split, PromptStream(train), asyncio.Semaphore(loop.max_concurrency),
                          in_stage(split, loop.stage_eval), validating, loop.sampling, loop.evaluation))  # fmt: skip
@@ -420,7 +429,7 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
                 break
             t0 = time.monotonic()
             rolled = await asyncio.gather(
-                *(sample_step(context, run.stream, run.sampling, run.limit) for run in active)
+                *(sample_step(context, run.stream, run.sampling, run.seed, run.limit) for run in active)
             )
             for run, sampled in zip(active, rolled, strict=True):
                 await _train_step(run, sampled, step)
@@ -436,10 +445,11 @@ async def grpo_loop(context: RolloutContext, experts: Sequence[Expert]) -> list[
                 if run.expert.monitor and await run.expert.monitor.check(step + 1):
                     run.stopped = True  # the monitor's action "stop": an earlier domain fell
                 elif run.validating and interval and (step + 1) % interval == 0:
-                    run.validation.append(await validate(context, run.validating, run.evaluation, run.limit, step + 1))
+                    validated = await validate(context, run.validating, run.evaluation, run.seed, run.limit, step + 1)
+                    run.validation.append(validated)
         for run in runs:
             if run.validating and run.validation[-1]["step"] != len(run.steps):
-                run.validation.append(await validate(context, run.validating, run.evaluation, run.limit,
+                run.validation.append(await validate(context, run.validating, run.evaluation, run.seed, run.limit,
                                                      len(run.steps)))  # fmt: skip
         after = await asyncio.gather(*(_evaluations(context, run) for run in runs))
         progress.advance(task)
@@ -452,10 +462,12 @@ async def _evaluations(
     """The expert's held-out reward (and the greedy one beside a sampled evaluation); with ``validation_step``,
     its validation reward too."""
     sampling = run.evaluation
-    sampled = await evaluate(context, run.held_out, sampling, run.limit)
-    greedy = await evaluate(context, run.held_out, sampling, run.limit, greedy=True) if sampling.temperature > 0 else None
+    sampled = await evaluate(context, run.held_out, sampling, run.seed, run.limit)
+    greedy = None
+    if sampling.temperature > 0:
+        greedy = await evaluate(context, run.held_out, sampling, run.seed, run.limit, greedy=True)
     if validation_step is not None and run.validating:
-        run.validation.append(await validate(context, run.validating, sampling, run.limit, validation_step))
+        run.validation.append(await validate(context, run.validating, sampling, run.seed, run.limit, validation_step))
     return sampled, greedy
 
 
@@ -508,8 +520,8 @@ async def sft_phase(session: LocalSession, stage: ServedStage, trainer: PolicyTr
     split = stage_records(stage.env, session.records)
     limit = asyncio.Semaphore(loop.max_concurrency)
     held_out = in_stage(split, loop.stage_eval)
-    before = await evaluate(stage.context, held_out, loop.evaluation, limit)
-    teacher = await rollout_step(stage.context, split.train, loop.sampling, 0, limit)
+    before = await evaluate(stage.context, held_out, loop.evaluation, session.seed, limit)
+    teacher = await rollout_step(stage.context, split.train, loop.sampling, 0, session.seed, limit)
     kept, report = keep(teacher, session.env, sft_filter(sft))
     examples = rollout_examples(kept)
     steps = []
@@ -518,7 +530,7 @@ async def sft_phase(session: LocalSession, stage: ServedStage, trainer: PolicyTr
             stats = await asyncio.to_thread(trainer.sft_step, examples[start:end])
             steps.append({"epoch": epoch, "samples": float(end - start), **stats})
     await serve_policy(stage, trainer, policy.name, paths.adapter_dir, loaded=True)
-    after = await evaluate(stage.context, held_out, loop.evaluation, limit)
+    after = await evaluate(stage.context, held_out, loop.evaluation, session.seed, limit)
     if trainer.full:
         trainer.save(paths.policy_dir)
     return {
@@ -612,7 +624,8 @@ async def cached_warm_start(session: LocalSession, key: str | None = None) -> di
         saved = json.loads(record.read_text())
     except (OSError, ValueError):
         return None
-    key = key if key is not None else warm_start_key(session, await offline_records(session.records))
+    if key is None:
+        key = warm_start_key(session, await offline_records(session.records, session.engine.served_name))
     return saved.get("warm_start") if saved.get("key") == key else None
 
 
@@ -621,7 +634,7 @@ async def warm_start_phase(session: LocalSession, model_dir: Path) -> tuple[Path
 
     A warm start already in the output folder with the same settings (and seed) is reused: the runs that
     change only the RL settings skip its cost (``cached`` in the report)."""
-    key = warm_start_key(session, await offline_records(session.records))
+    key = warm_start_key(session, await offline_records(session.records, session.engine.served_name))
     cached = await cached_warm_start(session, key)
     folder = session.paths.warm_start_dir
     if cached is not None:
@@ -668,12 +681,13 @@ async def warm_start_examples(
     replay ``replayed`` (each earlier env's) and ``mixed`` (the examples per env)."""
     warm, loop, settings, budgets, env_tag = _warm(session), session.loop, session.records, session.engine.budgets, session.env
     replayed = dict(settings.replay.get("warm_start") or {}) if settings.replay.get("enabled") else {}
-    async with served_stage(session.engine, model_dir, functools.partial(stage_env_configs, settings)) as stage:
+    env_configs = functools.partial(stage_env_configs, settings)
+    async with served_stage(session.engine, model_dir, session.seed, env_configs) as stage:
         records = stage_records(stage.env, settings)
         with progress_bar(loop.progress) as progress:
             task = progress.add_task(f"{env_tag}: evaluating the base model", total=2)
             held_out, limit = in_stage(records, loop.stage_eval), asyncio.Semaphore(loop.max_concurrency)
-            before = await evaluate(stage.context, held_out, loop.evaluation, limit)
+            before = await evaluate(stage.context, held_out, loop.evaluation, session.seed, limit)
             progress.update(task, advance=1, description=f"{env_tag}: replaying gold demos")
             mixed = replay_mixture(
                 settings, records.warm_start, stage.context.env_configs, warm.sft.batch_size, list(replayed)

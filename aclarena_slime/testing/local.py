@@ -56,7 +56,7 @@ def trainer_settings(
                         kl=KlTerm(kl_coef, "low_var_kl"))  # fmt: skip
     values: dict[str, Any] = {
         "lr": 1e-3, "adam_betas": (0.9, 0.999), "weight_decay": 0.0, "updates_per_step": 1, "minibatches": 1,
-        "rollouts": Sampling(samples=4, temperature=temperature, top_p=1.0, max_new_tokens=64, seed=0),
+        "rollouts": Sampling(samples=4, temperature=temperature, top_p=1.0, max_new_tokens=None),
         "backprop": Backprop(micro_batch_size),
     }  # fmt: skip
     return TrainSettings(loss=loss, **{**values, **over})

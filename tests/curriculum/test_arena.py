@@ -120,7 +120,7 @@ def test_each_domain_is_held_out_on_its_own_eval_size(tmp_path):
     suite = held_out_suite(sessions)
     assert {d.name: d.demo for d in suite.datasets} == {"math": 2, "ifeval": 3}
     assert [(d.env, d.max_response_len, d.env_config) for d in suite.datasets] == [
-        (s.env, s.loop.evaluation.max_new_tokens, dict(s.records.env_config)) for s in sessions
+        (s.env, s.eval_response_len, dict(s.records.env_config)) for s in sessions
     ]
     curriculum = method_curriculum(config, "s", tmp_path)[0]
     # the stage's own held-out records are the ones evaluated, so it never trains on them

@@ -135,10 +135,11 @@ def test_local_replay_runs_the_earlier_env_with_its_own_stages_settings(tmp_path
     retail, ifeval = (open_session(r) for r in runner.recipes)
     assert ifeval.records.replay["env_config"]["retail"] == dict(retail.records.env_config)
     url = "http://127.0.0.1:9"
-    configs = stage_env_configs(ifeval.records, url)
+    configs = stage_env_configs(ifeval.records, url, ifeval.engine.served_name)
     assert list(configs) == ["ifeval", "retail"] and configs["retail"]["user"]["base_url"] == f"{url}/v1"
     own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(4)]
-    records = replay_mixture(ifeval.records, own, configs)  # builds the replayed retail env (the crash was here)
+    # builds the replayed retail env (the crash was here)
+    records = replay_mixture(ifeval.records, own, configs, ifeval.loop.sampling.prompts_per_step)
     assert [r["metadata"]["env"] for r in records].count("retail") == 2
 
 

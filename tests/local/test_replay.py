@@ -26,6 +26,7 @@ def test_the_replay_mixture_mixes_real_env_records(tmp_path):
         tmp_path, *ifeval, "++custom.aclarena_replay={enabled: true, share: 0.5, current: ifeval, data: {math: unused}}"
     )
     own = [{"prompt": "p", "metadata": {"env": "ifeval"}}] * 8
-    records = replay_mixture(session.records, own, {"ifeval": {}, "math": {}})
+    per_step = session.loop.sampling.prompts_per_step
+    records = replay_mixture(session.records, own, {"ifeval": {}, "math": {}}, per_step)
     assert [r["metadata"]["env"] for r in records].count("math") == 4
-    assert replay_mixture(local_session(tmp_path, *ifeval).records, own, {}) is own
+    assert replay_mixture(local_session(tmp_path, *ifeval).records, own, {}, per_step) is own

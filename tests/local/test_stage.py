@@ -239,12 +239,16 @@ def test_a_sampled_evaluation_gives_each_sample_of_a_prompt_its_own_seed(tmp_pat
             s.reward = float(s.index % 2)
 
     monkeypatch.setattr(stage, "_gather", gather)
-    evaluation = small(tmp_path, "learnable", "data.eval_temperature=0.7", "data.eval_top_p=0.9",
-                       "data.n_samples_per_eval_prompt=4").loop.evaluation  # fmt: skip
+    from aclarena_slime.evaluation.suite import HELD_OUT_SEED
+
+    session = small(tmp_path, "learnable", "data.eval_temperature=0.7", "data.eval_top_p=0.9",
+                    "data.n_samples_per_eval_prompt=4")  # fmt: skip
+    evaluation = session.loop.evaluation
     records = [{"prompt": f"q{i}", "label": "1", "metadata": {"env": "learnable"}} for i in range(3)]
-    sampled = asyncio.run(stage.evaluate(None, records, evaluation, asyncio.Semaphore(4)))
-    greedy = asyncio.run(stage.evaluate(None, records, evaluation, asyncio.Semaphore(4), greedy=True))
+    sampled = asyncio.run(stage.evaluate(None, records, evaluation, session.seed, asyncio.Semaphore(4)))
+    greedy = asyncio.run(stage.evaluate(None, records, evaluation, session.seed, asyncio.Semaphore(4), greedy=True))
     (pairs, params, seed), (greedy_pairs, greedy_params, _) = asked
+    assert seed == session.seed + HELD_OUT_SEED  # the held-out draw, apart from training's
     assert pairs == [(i, 4 * i + j) for i in range(3) for j in range(4)]  # index -> sampling seed: 12 distinct
     assert (params["temperature"], params["top_p"]) == (0.7, 0.9)
     assert sampled == {"n": 12, "mean_reward": 0.5, "excluded": 0, "prompts": 3, "samples_per_prompt": 4,

@@ -98,7 +98,8 @@ def test_the_warm_start_key_holds_what_the_warm_start_reads(tmp_path):
            "++cluster.local.warm_start_demos=json.dumps", "++cluster.local.progress=false")  # fmt: skip
     session = local_session(tmp_path, *cfg)
     folder = session.paths.warm_start_dir
-    key = stage_module.warm_start_key(session, asyncio.run(stage_module.offline_records(session.records)))
+    records = asyncio.run(stage_module.offline_records(session.records, session.engine.served_name))
+    key = stage_module.warm_start_key(session, records)
     folder.mkdir(parents=True)
     (folder / stage_module.WARM_START_RECORD).write_text(json.dumps({"key": key, "warm_start": {"x": 1}}))
     assert asyncio.run(stage_module.cached_warm_start(session)) == {"x": 1}
@@ -130,7 +131,8 @@ def test_the_stage_reads_the_engines_count_through_its_http_api(tiny_model_dir, 
     session = local_session(tmp_path, *LEARNABLE)
 
     async def run() -> tuple[int, int, int]:
-        async with stage_module.served_stage(session.engine, tiny_model_dir, lambda url: {"learnable": {}}) as stage:
+        served = stage_module.served_stage(session.engine, tiny_model_dir, 0, lambda url, name: {"learnable": {}})
+        async with served as stage:
             before = await stage.generated_tokens()
             params = {"max_new_tokens": 5, "ignore_eos": True, "temperature": 1.0}
             await stage.context.client().generate([5, 6, 7], params, return_logprob=False)

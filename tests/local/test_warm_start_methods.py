@@ -157,13 +157,14 @@ def test_the_replay_warm_start_trains_on_the_earlier_domains_demos(tmp_path):
 
 
 def test_replayed_records_are_never_an_earlier_domains_held_out_prompts(tmp_path):
-    records = local_session(
+    session = local_session(
         tmp_path, *LEARNABLE, "data.env=ifeval", "+env_config.ifeval={}", "rollout.num_rollout=8",
         "rollout.rollout_batch_size=16", "++cluster.local.eval_size=32", "++cluster.local.progress=false",
         "++custom.aclarena_replay={enabled: true, share: 0.5, current: ifeval, data: {math: unused}}",
-    ).records  # fmt: skip
+    )  # fmt: skip
+    records, per_step = session.records, session.loop.sampling.prompts_per_step
     own = [{"prompt": f"p{i}", "metadata": {"env": "ifeval"}} for i in range(128)]
-    replayed = [r for r in replay_mixture(records, own, {"math": {}}) if r["metadata"]["env"] == "math"]
+    replayed = [r for r in replay_mixture(records, own, {"math": {}}, per_step) if r["metadata"]["env"] == "math"]
     env = MathEnvironment({})
     held_out = {prompt_key(r) for r in demo_records(env, 32, HELD_OUT_SEED)}
     assert len(replayed) == 64 and not {prompt_key(r) for r in replayed} & held_out

@@ -28,7 +28,8 @@ def test_command_line_overrides_reach_the_local_stage(tmp_path: Path, monkeypatc
     sampling = session.loop.sampling
     assert (session.policy.train.lr, sampling.groups.samples) == (5e-3, 2)
     # The rest comes from the local profile (recipes/profile/local.yaml, recipes/env/local/math.yaml).
-    assert (session.loop.steps, sampling.prompts_per_step, sampling.groups.max_new_tokens, session.model.source) == (
+    budget = session.engine.budgets.max_response_len  # the profile's rollout_max_response_len
+    assert (session.loop.steps, sampling.prompts_per_step, budget, session.model.source) == (
         16, 8, 32, "tiny"
     )  # fmt: skip
     assert session.paths.output_dir == tmp_path / "runs" / "stage1_math" / "local"
